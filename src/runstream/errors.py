@@ -1,0 +1,113 @@
+"""Every error Runstream raises on purpose.
+
+    RunstreamError
+     ├─ ConfigError              bad settings, missing Java/Maven, a port taken
+     ├─ KafkaSetupError          the local broker did not start (log tail inside)
+     ├─ TopicError               topics missing or not co-partitioned
+     ├─ SchemaError              cannot encode a record
+     │   └─ DecodeError          garbage, truncated record, unknown fingerprint (.kind says which)
+     ├─ WorkflowNotFound         no workflow of that name (or version) is registered
+     ├─ InvalidInput             a workflow input failed its pydantic model
+     ├─ NonDeterminismError      workflow code no longer fits the run's history
+     ├─ RunNotFound
+     ├─ RunFailed                client.result() of a failed or dead run
+     ├─ RunCancelled             client.result() of a cancelled run
+     └─ StepError                a step failed for good (raised inside workflow code)
+         └─ TerminalStepError    raise it from a step: fail at once, no retry
+
+    SignalTimeout(RunstreamError, TimeoutError)  wait_for_signal(timeout=...) expired
+"""
+
+from __future__ import annotations
+
+
+class RunstreamError(Exception):
+    """Base of every error raised by Runstream."""
+
+
+class ConfigError(RunstreamError):
+    """Settings or the environment are not usable."""
+
+
+class KafkaSetupError(RunstreamError):
+    """The local Kafka broker could not be set up or started."""
+
+
+class TopicError(RunstreamError):
+    """A namespace's topics are missing or inconsistent."""
+
+
+class SchemaError(RunstreamError):
+    """A record cannot be encoded with its Avro schema."""
+
+
+class DecodeError(SchemaError):
+    """Bytes that are not a record we can read.
+
+    ``kind`` is one of ``"not-single-object"`` (wrong magic, garbage),
+    ``"truncated"``, ``"unknown-fingerprint"`` or ``"corrupt"`` (the body does not
+    match its schema).
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+
+
+class WorkflowNotFound(RunstreamError):
+    """No workflow (or no such version of it) is registered."""
+
+
+class InvalidInput(RunstreamError):
+    """A workflow's input does not validate against its declared type."""
+
+
+class NonDeterminismError(RunstreamError):
+    """The workflow code asks for something other than what the run's history recorded."""
+
+    def __init__(self, run_id: str, seq: int, expected: str, found: str) -> None:
+        super().__init__(
+            f"run {run_id!r} at sequence {seq}: the history has {expected!r}, "
+            f"the code now asks for {found!r}"
+        )
+        self.run_id, self.seq, self.expected, self.found = run_id, seq, expected, found
+
+
+class RunNotFound(RunstreamError):
+    """No run with that id exists."""
+
+
+class RunFailed(RunstreamError):
+    """The run ended failed (or dead); ``error`` holds the workflow's error text."""
+
+    def __init__(self, run_id: str, error: str, status: str = "failed") -> None:
+        super().__init__(f"run {run_id!r} {status}: {error}")
+        self.run_id, self.error, self.status = run_id, error, status
+
+
+class RunCancelled(RunstreamError):
+    """The run was cancelled."""
+
+    def __init__(self, run_id: str, reason: str = "") -> None:
+        super().__init__(f"run {run_id!r} cancelled" + (f": {reason}" if reason else ""))
+        self.run_id, self.reason = run_id, reason
+
+
+class StepError(RunstreamError):
+    """A step failed after its retries; raised inside the workflow at the step's await."""
+
+    def __init__(self, step: str, error: str) -> None:
+        super().__init__(f"step {step!r} failed: {error}")
+        self.step, self.error = step, error
+
+
+class TerminalStepError(StepError):
+    """Raise from a step body to fail it at once, without retries."""
+
+    def __init__(self, message: str) -> None:
+        RunstreamError.__init__(self, message)
+        self.step, self.error = "", message
+
+
+class SignalTimeout(RunstreamError, TimeoutError):
+    """``wait_for_signal`` reached its timeout before a signal arrived."""
