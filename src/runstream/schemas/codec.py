@@ -1,0 +1,345 @@
+"""Avro single-object encoding of Runstream's records, and JSON for user payloads.
+
+Every Kafka value Runstream writes is::
+
+    C3 01 | 8-byte CRC-64-AVRO fingerprint (little-endian) | Avro binary body
+
+(https://avro.apache.org/docs/1.11.1/specification/#single-object-encoding). The
+fingerprint is taken over the parsing canonical form of the writer's expanded schema,
+so a reader in any language learns the writer's schema from the bytes alone. The
+shipped ``runstream.<Name>.avsc`` files are the contract; a reader resolves records
+written with an older, registered version of a schema against the current one.
+
+Schemas are parsed once, when a :class:`Codec` is built; ``encode`` and ``decode`` do
+no parsing and are meant for the per-record hot path.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from io import BytesIO
+from typing import Any
+
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro.schema import expand_schema, fingerprint, to_parsing_canonical_form
+from fastavro.validation import validate
+
+from runstream.errors import DecodeError, SchemaError
+
+__all__ = ["MAGIC", "Codec", "from_json_bytes", "json_bytes", "schema_fingerprint"]
+
+#: The two marker bytes that open every single-object encoded value.
+MAGIC = b"\xc3\x01"
+_HEADER_LEN = 10
+
+
+def schema_fingerprint(schema: Mapping[str, Any] | str) -> bytes:
+    """The 8-byte CRC-64-AVRO fingerprint (little-endian, as on the wire) of a schema.
+
+    Taken over the parsing canonical form of the expanded schema, so it matches what
+    Java's ``SchemaNormalization.parsingFingerprint64`` and other languages compute.
+    """
+    raw = json.loads(schema) if isinstance(schema, str) else schema
+    expanded = expand_schema(raw) if isinstance(raw, Mapping) else raw
+    return bytes.fromhex(fingerprint(to_parsing_canonical_form(expanded), "CRC-64-AVRO"))
+
+
+@dataclass(frozen=True, slots=True)
+class _Schema:
+    name: str  # short name, e.g. "StartRun"
+    fullname: str  # e.g. "runstream.StartRun"
+    raw: dict[str, Any]  # the JSON as written, with doc and defaults
+    parsed: dict[str, Any]  # fastavro's parsed form, reused for every record
+    fingerprint: bytes  # 8 bytes
+    header: bytes  # MAGIC + fingerprint
+
+
+@dataclass(frozen=True, slots=True)
+class _Writer:
+    name: str
+    writer: dict[str, Any]
+    reader: dict[str, Any] | None  # None when the writer is the current schema
+
+
+def _load(schema: Mapping[str, Any] | str) -> _Schema:
+    try:
+        raw = json.loads(schema) if isinstance(schema, str) else copy.deepcopy(dict(schema))
+    except ValueError as exc:
+        raise SchemaError(f"schema is not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict) or raw.get("type") != "record" or "name" not in raw:
+        raise SchemaError("a Runstream schema must be an Avro record with a name")
+    name = str(raw["name"])
+    namespace = raw.get("namespace")
+    fullname = name if "." in name or not namespace else f"{namespace}.{name}"
+    try:
+        parsed = parse_schema(raw, {})
+        fp = schema_fingerprint(raw)
+    except Exception as exc:  # fastavro raises SchemaParseException, ValueError, ...
+        raise SchemaError(f"invalid Avro schema {fullname}: {exc}") from exc
+    return _Schema(
+        name=fullname.rsplit(".", 1)[-1],
+        fullname=fullname,
+        raw=raw,
+        parsed=parsed,
+        fingerprint=fp,
+        header=MAGIC + fp,
+    )
+
+
+def _shipped() -> list[str]:
+    files = resources.files("runstream.schemas")
+    return [
+        f.read_text(encoding="utf-8")
+        for f in sorted(files.iterdir(), key=lambda f: f.name)
+        if f.name.endswith(".avsc")
+    ]
+
+
+class Codec:
+    """Encodes and decodes Runstream records as Avro single-object values.
+
+    Build one per process (``Codec.default()``) and share it: it is read-only on the
+    hot path. ``register`` adds further writer schemas (older versions of a record)
+    and should happen at start-up.
+
+    Args:
+        schemas: Avro record schemas (dicts or JSON text). ``None`` loads every
+            ``.avsc`` shipped in ``runstream.schemas``.
+    """
+
+    def __init__(self, schemas: Iterable[Mapping[str, Any] | str] | None = None) -> None:
+        self._current: dict[str, _Schema] = {}  # short AND full name -> current schema
+        self._by_fp: dict[bytes, _Writer] = {}
+        for schema in _shipped() if schemas is None else schemas:
+            self.register(schema)
+
+    @classmethod
+    def default(cls) -> Codec:
+        """The process-wide codec with the shipped schemas (built once, then cached)."""
+        return _default_codec()
+
+    # -- schemas ---------------------------------------------------------------
+
+    def register(self, schema: Mapping[str, Any] | str) -> None:
+        """Add a schema (a dict or JSON text).
+
+        For a record name the codec does not know yet, the schema becomes that name's
+        current schema: used to encode, and as the reader schema. For a known name it
+        is added as an extra *writer* schema (typically an older version): records
+        carrying its fingerprint are decoded and resolved into the current schema,
+        with defaults filled in for fields the writer did not have. Registering a
+        schema whose fingerprint is already known does nothing.
+        """
+        s = _load(schema)
+        if s.fingerprint in self._by_fp:
+            return
+        current = self._current.get(s.name)
+        if current is None:
+            self._current[s.name] = self._current[s.fullname] = s
+            self._by_fp[s.fingerprint] = _Writer(s.name, s.parsed, None)
+            return
+        if current.fullname != s.fullname:
+            raise SchemaError(
+                f"cannot register {s.fullname}: its short name {s.name!r} is taken by "
+                f"{current.fullname}"
+            )
+        _check_resolvable(s, current)
+        self._by_fp[s.fingerprint] = _Writer(s.name, s.parsed, current.parsed)
+
+    def names(self) -> list[str]:
+        """The short names of all current schemas, sorted."""
+        return sorted({s.name for s in self._current.values()})
+
+    def schema(self, name: str) -> dict[str, Any]:
+        """A copy of the current schema for ``name`` (short or full), as JSON data."""
+        return copy.deepcopy(self._get(name).raw)
+
+    def fingerprint(self, name: str) -> bytes:
+        """The 8-byte fingerprint of the current schema for ``name``."""
+        return self._get(name).fingerprint
+
+    def _get(self, name: str) -> _Schema:
+        try:
+            return self._current[name]
+        except KeyError:
+            raise SchemaError(
+                f"unknown record type {name!r}; known: {', '.join(self.names())}"
+            ) from None
+
+    # -- hot path --------------------------------------------------------------
+
+    def encode(self, name: str, record: Mapping[str, Any]) -> bytes:
+        """Single-object encode ``record`` with the current schema of ``name``.
+
+        Fields with a default may be left out; unknown fields are an error.
+
+        Raises:
+            SchemaError: unknown name, or the record does not fit the schema.
+        """
+        s = self._current.get(name) or self._get(name)
+        buf = BytesIO()
+        buf.write(s.header)
+        try:
+            schemaless_writer(buf, s.parsed, record, strict_allow_default=True)
+        except Exception as exc:  # TypeError, ValueError, OverflowError, AttributeError...
+            raise SchemaError(f"cannot encode {s.name}: {_explain(s, record, exc)}") from exc
+        return buf.getvalue()
+
+    def decode(self, data: bytes) -> tuple[str, dict[str, Any]]:
+        """Decode a single-object value into ``(short name, record)``.
+
+        The record is read with the current schema of its name; a record written with
+        an older registered schema is resolved into it.
+
+        Raises:
+            DecodeError: with ``kind`` ``"not-single-object"``, ``"truncated"``,
+                ``"unknown-fingerprint"`` or ``"corrupt"``.
+        """
+        if data[:2] != MAGIC or len(data) < _HEADER_LEN:
+            _bad_header(data)
+        fp = data[2:_HEADER_LEN]
+        w = self._by_fp.get(fp)
+        if w is None:
+            raise DecodeError(
+                "unknown-fingerprint",
+                f"no registered schema has fingerprint {fp.hex()} "
+                f"(a record type or version this codec does not know)",
+            )
+        buf = BytesIO(data)
+        buf.seek(_HEADER_LEN)
+        try:
+            record = schemaless_reader(buf, w.writer, w.reader)
+        except Exception as exc:  # EOFError, IndexError, UnicodeDecodeError, ...
+            kind = _classify(data[_HEADER_LEN:], w.writer, exc)
+            what = "ends early" if kind == "truncated" else "is malformed"
+            raise DecodeError(
+                kind,
+                f"{w.name} body {what} ({len(data) - _HEADER_LEN} bytes after the header): "
+                f"{type(exc).__name__}: {exc}",
+            ) from exc
+        if buf.tell() != len(data):
+            raise DecodeError(
+                "corrupt", f"{w.name} body has {len(data) - buf.tell()} trailing bytes"
+            )
+        return w.name, record
+
+
+@functools.cache
+def _default_codec() -> Codec:
+    return Codec()
+
+
+def _bad_header(data: bytes | None) -> None:
+    if not data:
+        raise DecodeError("not-single-object", "empty value (a tombstone?)")
+    if not MAGIC.startswith(data[:2]):
+        raise DecodeError(
+            "not-single-object",
+            f"value starts with {data[:2].hex()}, not the Avro single-object marker c301",
+        )
+    raise DecodeError("truncated", f"value has {len(data)} bytes, shorter than the 10-byte header")
+
+
+def _classify(body: bytes, writer: dict[str, Any], exc: Exception) -> str:
+    """Error path only: did the body end early, or is it malformed?"""
+    if isinstance(exc, EOFError):
+        # fastavro says "Expected N bytes, read M"; a negative N is a corrupt length.
+        return "corrupt" if "Expected -" in str(exc) else "truncated"
+    if isinstance(exc, IndexError):
+        # The body ended inside a varint, or a union index is out of range. Zero bytes
+        # complete any cut-off varint and read as empty/null values: if the padded body
+        # decodes, the original was cut short.
+        try:
+            schemaless_reader(BytesIO(body + bytes(64)), writer, None)
+        except Exception:
+            return "corrupt"
+        return "truncated"
+    return "corrupt"
+
+
+def _explain(s: _Schema, record: object, exc: Exception) -> str:
+    """Error path only: a message naming the field that does not fit."""
+    if not isinstance(record, Mapping):
+        return f"expected a mapping of fields, got {type(record).__name__}"
+    missing = [f["name"] for f in s.raw["fields"] if f["name"] not in record and "default" not in f]
+    if missing:
+        return f"missing field(s) {', '.join(missing)}"
+    try:
+        validate(record, s.parsed, raise_errors=True)
+    except Exception as vexc:
+        errors = getattr(vexc, "errors", None)
+        if errors:
+            return "; ".join(str(e) for e in errors)
+    return str(exc)
+
+
+def _check_resolvable(writer: _Schema, reader: _Schema) -> None:
+    """Catch the commonest evolution mistake when a writer schema is registered."""
+    written = set()
+    for f in writer.raw.get("fields", []):
+        written.add(f["name"])
+        written.update(f.get("aliases", []))
+    missing = [
+        f["name"]
+        for f in reader.raw.get("fields", [])
+        if f["name"] not in written
+        and not set(f.get("aliases", [])) & written
+        and "default" not in f
+    ]
+    if missing:
+        raise SchemaError(
+            f"{writer.fullname} (fingerprint {writer.fingerprint.hex()}) cannot be read as the "
+            f"current {reader.fullname}: it lacks {', '.join(missing)}, which have no default"
+        )
+
+
+# -- user payloads ---------------------------------------------------------------
+
+
+def _to_jsonable(value: Any) -> Any:
+    from pydantic import BaseModel
+
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    from pydantic_core import to_jsonable_python  # dataclasses, datetimes, UUIDs, enums...
+
+    return to_jsonable_python(value)
+
+
+def json_bytes(value: Any) -> bytes:
+    """Compact UTF-8 JSON for a user payload (workflow input, step output, signal).
+
+    Accepts plain JSON values, pydantic models (``model_dump(mode="json")``) and what
+    pydantic can serialize (datetimes, UUIDs, dataclasses, ...), also nested. Never
+    pickles.
+
+    Raises:
+        SchemaError: the value cannot be expressed as JSON (including NaN/Infinity).
+    """
+    try:
+        return json.dumps(
+            value,
+            separators=(",", ":"),
+            ensure_ascii=False,
+            allow_nan=False,
+            default=_to_jsonable,
+        ).encode()
+    except Exception as exc:  # TypeError, ValueError, PydanticSerializationError
+        raise SchemaError(f"cannot encode a {type(value).__name__} payload as JSON: {exc}") from exc
+
+
+def from_json_bytes(data: bytes) -> Any:
+    """The JSON value in ``data`` (plain dicts, lists, str, numbers, bools, None).
+
+    Raises:
+        DecodeError: ``kind="corrupt"`` when ``data`` is not UTF-8 JSON.
+    """
+    try:
+        return json.loads(data)
+    except (ValueError, TypeError) as exc:
+        raise DecodeError("corrupt", f"payload is not UTF-8 JSON: {exc}") from exc
