@@ -1,0 +1,17 @@
+"""User payloads travel as JSON bytes inside Avro records. Never pickle."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic_core import to_json
+
+
+def dumps(value: Any) -> bytes:
+    """JSON bytes of plain values, pydantic models, dataclasses, datetimes."""
+    return to_json(value)
+
+
+def loads(data: bytes | None) -> Any:
+    return None if not data else json.loads(data)
