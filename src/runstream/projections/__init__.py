@@ -1,0 +1,4 @@
+"""The RocksDB shell: the only package that imports ``rocksdict``.
+
+A projection is a cache of one journal partition; the journal is the truth.
+"""

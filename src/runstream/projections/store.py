@@ -1,0 +1,162 @@
+"""One RocksDB database per owned partition: each run's facts, indexes, and the
+journal offset they reflect, always written together in one WriteBatch.
+
+Keys (raw bytes, so byte order is meaningful):
+
+    f <run_id> 00 <n: 4B BE>           the run's n-th journal fact (Avro single-object)
+    t <due_ms: 8B BE> <run_id> 00 <seq> a timer, retry or signal timeout due at due_ms
+    i <run_id>                          the run has a step started with no outcome
+    p <run_id>                          the run is parked
+    m journal                           next journal offset to read (8B BE)
+
+A run's state is the fold of its facts; recently used states stay in an LRU so the
+hot path rarely decodes. A new or emptied directory rebuilds from the journal.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch
+
+from runstream.engine.reducer import apply
+from runstream.engine.state import PARKED, Fact, RunState
+from runstream.schemas.codec import Codec
+
+_OFFSET_KEY = b"mjournal"
+_SEQ_BIAS = 1 << 31  # compensation steps have negative seqs; keep keys unsigned
+
+
+def _run(run_id: str) -> bytes:
+    return run_id.encode()
+
+
+def _fact_key(run: bytes, n: int) -> bytes:
+    return b"f" + run + b"\x00" + n.to_bytes(4, "big")
+
+
+def _timer_key(due_ms: int, run: bytes, seq: int) -> bytes:
+    return b"t" + max(due_ms, 0).to_bytes(8, "big") + run + b"\x00" + (seq + _SEQ_BIAS).to_bytes(
+        4, "big"
+    )
+
+
+def index_keys(state: RunState) -> set[bytes]:
+    """The index entries a run in ``state`` should have."""
+    run = _run(state.run_id)
+    keys = {_timer_key(due, run, seq) for due, seq in state.timers()}
+    if state.running_steps():
+        keys.add(b"i" + run)
+    if state.status == PARKED:
+        keys.add(b"p" + run)
+    return keys
+
+
+class PartitionStore:
+    """The projection of one journal partition."""
+
+    def __init__(self, path: Path, codec: Codec, *, cache_size: int = 4096,
+                 read_only: bool = False) -> None:  # fmt: skip
+        path.mkdir(parents=True, exist_ok=True)
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        access = AccessType.read_only(False) if read_only else AccessType.read_write()
+        self.path = path
+        self._db: Rdict | None = Rdict(str(path), opts, access_type=access)
+        self._codec = codec
+        self._cache: OrderedDict[str, RunState] = OrderedDict()
+        self._cache_size = cache_size
+        raw = self._db.get(_OFFSET_KEY)
+        self.journal_offset: int = int.from_bytes(raw, "big") if raw else 0
+
+    @property
+    def db(self) -> Rdict:
+        if self._db is None:
+            raise RuntimeError(f"projection {self.path} is closed")
+        return self._db
+
+    def get(self, run_id: str) -> RunState:
+        """The committed state of ``run_id`` (empty if the run does not exist). Do not
+        mutate it: take ``.copy()``."""
+        state = self._cache.get(run_id)
+        if state is not None:
+            self._cache.move_to_end(run_id)
+            return state
+        state = RunState(run_id)
+        for fact in self.facts(run_id):
+            apply(state, fact)
+        self._remember(state)
+        return state
+
+    def facts(self, run_id: str) -> Iterator[Fact]:
+        run = _run(run_id)
+        for data in self._range(b"f" + run + b"\x00", b"f" + run + b"\x01", values=True):
+            yield Fact(*self._codec.decode(data))
+
+    def commit(self, changes: Iterable[tuple[RunState, RunState, list[bytes]]],
+               journal_offset: int) -> None:  # fmt: skip
+        """Write ``(before, after, new encoded facts)`` per run and the journal offset
+        they reach, atomically, then make ``after`` the cached state."""
+        batch = WriteBatch(raw_mode=True)
+        afters = []
+        for before, after, encoded in changes:
+            run = _run(after.run_id)
+            for i, data in enumerate(encoded, start=after.facts - len(encoded)):
+                batch.put(_fact_key(run, i), data)
+            old, new = index_keys(before), index_keys(after)
+            for key in old - new:
+                batch.delete(key)
+            for key in new - old:
+                batch.put(key, b"")
+            afters.append(after)
+        batch.put(_OFFSET_KEY, journal_offset.to_bytes(8, "big"))
+        self.db.write(batch)
+        self.journal_offset = journal_offset
+        for after in afters:
+            self._remember(after)
+
+    def timers(self) -> Iterator[tuple[int, str, int]]:
+        """(due_ms, run_id, seq) of every timer, earliest first."""
+        for key in self._range(b"t", b"u"):
+            run, seq = key[9:-5], int.from_bytes(key[-4:], "big") - _SEQ_BIAS
+            yield int.from_bytes(key[1:9], "big"), run.decode(), seq
+
+    def running(self) -> list[str]:
+        """Runs with a step started and no outcome recorded."""
+        return [k[1:].decode() for k in self._range(b"i", b"j")]
+
+    def parked(self) -> list[str]:
+        return [k[1:].decode() for k in self._range(b"p", b"q")]
+
+    def dump(self) -> list[tuple[bytes, bytes]]:
+        """Every key and value, in order: two projections of the same journal compare equal."""
+        return list(self.db.items())
+
+    def forget(self, run_id: str) -> None:
+        self._cache.pop(run_id, None)
+
+    def close(self) -> None:
+        """Close and drop every handle, so the same path can be reopened in this process."""
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+            self._cache.clear()
+            gc.collect()  # rocksdict keeps the LOCK while any handle object is alive
+
+    def _remember(self, state: RunState) -> None:
+        self._cache[state.run_id] = state
+        self._cache.move_to_end(state.run_id)
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
+    def _range(self, lo: bytes, hi: bytes, values: bool = False) -> Iterator[bytes]:
+        # A generator, so `ro` outlives the iteration: RocksDB keeps a pointer to the bound.
+        ro = ReadOptions()
+        ro.set_iterate_upper_bound(hi)
+        if values:
+            yield from self.db.values(from_key=lo, read_opt=ro)
+        else:
+            yield from self.db.keys(from_key=lo, read_opt=ro)
