@@ -10,6 +10,11 @@ so a reader in any language learns the writer's schema from the bytes alone. The
 shipped ``runstream.<Name>.avsc`` files are the contract; a reader resolves records
 written with an older, registered version of a schema against the current one.
 
+Evolving a schema: add fields only with a default, and keep the previous version
+next to it as ``runstream.<Name>.v<N>.avsc`` (same record name): the codec loads it
+as an extra writer schema, so records written by producers that still use it stay
+readable.
+
 Schemas are parsed once, when a :class:`Codec` is built; ``encode`` and ``decode`` do
 no parsing and are meant for the per-record hot path.
 """
@@ -44,7 +49,9 @@ def schema_fingerprint(schema: Mapping[str, Any] | str) -> bytes:
     Taken over the parsing canonical form of the expanded schema, so it matches what
     Java's ``SchemaNormalization.parsingFingerprint64`` and other languages compute.
     """
-    raw = json.loads(schema) if isinstance(schema, str) else schema
+    raw: Any = schema
+    if isinstance(schema, str) and schema.lstrip()[:1] in ("{", "[", '"'):
+        raw = json.loads(schema)  # JSON text; anything else is a bare type name ("int")
     expanded = expand_schema(raw) if isinstance(raw, Mapping) else raw
     return bytes.fromhex(fingerprint(to_parsing_canonical_form(expanded), "CRC-64-AVRO"))
 
@@ -91,13 +98,17 @@ def _load(schema: Mapping[str, Any] | str) -> _Schema:
     )
 
 
-def _shipped() -> list[str]:
+def _shipped() -> list[_Schema]:
+    """The shipped schemas: current ones first, then older versions of them."""
     files = resources.files("runstream.schemas")
-    return [
-        f.read_text(encoding="utf-8")
+    loaded = [
+        (f.name, _load(f.read_text(encoding="utf-8")))
         for f in sorted(files.iterdir(), key=lambda f: f.name)
         if f.name.endswith(".avsc")
     ]
+    # `runstream.StartRun.avsc` is current; `runstream.StartRun.v1.avsc` is an older one.
+    loaded.sort(key=lambda item: item[0] != f"{item[1].fullname}.avsc")
+    return [s for _, s in loaded]
 
 
 class Codec:
@@ -125,7 +136,7 @@ class Codec:
 
     # -- schemas ---------------------------------------------------------------
 
-    def register(self, schema: Mapping[str, Any] | str) -> None:
+    def register(self, schema: Mapping[str, Any] | str | _Schema) -> None:
         """Add a schema (a dict or JSON text).
 
         For a record name the codec does not know yet, the schema becomes that name's
@@ -135,7 +146,7 @@ class Codec:
         with defaults filled in for fields the writer did not have. Registering a
         schema whose fingerprint is already known does nothing.
         """
-        s = _load(schema)
+        s = schema if isinstance(schema, _Schema) else _load(schema)
         if s.fingerprint in self._by_fp:
             return
         current = self._current.get(s.name)

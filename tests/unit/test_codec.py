@@ -1,0 +1,476 @@
+"""The Avro contract and the single-object codec: every shipped schema, errors, evolution."""
+
+from __future__ import annotations
+
+import json
+import struct
+from datetime import UTC, datetime
+from importlib import resources
+from io import BytesIO
+from typing import Any
+
+import pytest
+from fastavro import parse_schema, schemaless_writer
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+from pydantic import BaseModel
+
+from runstream.errors import DecodeError, SchemaError
+from runstream.schemas.codec import MAGIC, Codec, from_json_bytes, json_bytes, schema_fingerprint
+
+
+def _shipped_files() -> dict[str, dict[str, Any]]:
+    files = resources.files("runstream.schemas")
+    return {
+        f.name: json.loads(f.read_text(encoding="utf-8"))
+        for f in files.iterdir()
+        if f.name.endswith(".avsc")
+    }
+
+
+SHIPPED = _shipped_files()
+NAMES = sorted(s["name"] for s in SHIPPED.values())
+
+_PRIMITIVE_SAMPLES: dict[str, Any] = {
+    "string": "s-1",
+    "bytes": b'{"k":[1,2]}',
+    "int": 7,
+    "long": 1_700_000_000_123,
+    "boolean": True,
+}
+
+
+def _sample(avro_type: Any) -> Any:
+    """A non-default value of an Avro type (used to exercise every field)."""
+    if isinstance(avro_type, str):
+        return _PRIMITIVE_SAMPLES[avro_type]
+    if isinstance(avro_type, list):  # optional: ["null", T]
+        return _sample(next(t for t in avro_type if t != "null"))
+    if avro_type["type"] == "map":
+        return {"a": _sample(avro_type["values"]), "b": _sample(avro_type["values"])}
+    raise AssertionError(f"no sample for {avro_type!r}")
+
+
+def full_record(schema: dict[str, Any]) -> dict[str, Any]:
+    return {f["name"]: _sample(f["type"]) for f in schema["fields"]}
+
+
+def minimal_record(schema: dict[str, Any]) -> dict[str, Any]:
+    return {f["name"]: _sample(f["type"]) for f in schema["fields"] if "default" not in f}
+
+
+@pytest.fixture(scope="module")
+def codec() -> Codec:
+    return Codec.default()
+
+
+# -- the contract --------------------------------------------------------------
+
+
+def test_every_shipped_file_is_a_documented_runstream_record() -> None:
+    assert len(SHIPPED) == 28
+    for filename, schema in SHIPPED.items():
+        assert filename == f"runstream.{schema['name']}.avsc"
+        assert schema["namespace"] == "runstream"
+        assert schema["type"] == "record"
+        assert schema["doc"]
+        for f in schema["fields"]:
+            assert f.get("doc"), f"{filename}: field {f['name']} has no doc"
+            assert "logicalType" not in json.dumps(f["type"]), "timestamps are plain longs"
+            if isinstance(f["type"], list):
+                assert f["type"][0] == "null" and f["default"] is None, f
+
+
+# The field names the engine builds on, in order (facts start with run_id, at_ms).
+_FACT = ["run_id", "at_ms"]
+FIELDS = {
+    "StartRun": ["run_id", "workflow", "input", "version", "parent_run_id", "tags", "sent_at_ms"],
+    "Signal": ["run_id", "name", "payload", "signal_id", "sent_at_ms"],
+    "Cancel": ["run_id", "compensate", "reason", "sent_at_ms"],
+    "StepResult": ["run_id", "seq", "attempt", "ok", "output", "error", "traceback"],
+    "Query": ["run_id", "request_id", "reply_to"],
+    "RunStarted": [*_FACT, "workflow", "version", "input", "parent_run_id", "tags"],
+    "StepStarted": [*_FACT, "seq", "name", "attempt"],
+    "StepCompleted": [*_FACT, "seq", "name", "output", "attempt", "duration_ms"],
+    "StepFailed": [*_FACT, "seq", "name", "attempt", "error", "traceback", "retry_at_ms"],
+    "TimerScheduled": [*_FACT, "seq", "due_ms"],
+    "TimerFired": [*_FACT, "seq"],
+    "SignalAwaited": [*_FACT, "seq", "name", "timeout_at_ms"],
+    "SignalBuffered": [*_FACT, "name", "payload", "signal_id"],
+    "SignalReceived": [*_FACT, "seq", "name", "payload", "signal_id"],
+    "SignalTimedOut": [*_FACT, "seq", "name"],
+    "ValueRecorded": [*_FACT, "seq", "name", "value"],
+    "RunRecovered": [*_FACT, "seq", "recoveries"],
+    "CompensationStarted": [*_FACT, "error", "traceback", "cancelled"],
+    "RunCompleted": [*_FACT, "output", "continued_as"],
+    "RunFailed": [*_FACT, "error", "traceback"],
+    "RunCancelled": [*_FACT, "reason"],
+    "RunParked": [*_FACT, "reason"],
+    "RunDead": [*_FACT, "reason"],
+    "LifecycleEvent": [
+        "type", "run_id", "at_ms", "workflow", "version", "status", "seq", "step", "attempt",
+        "duration_ms", "output", "error", "reason",
+    ],
+    "StepTask": ["run_id", "seq", "attempt", "name", "args", "deadline_ms"],
+    "DeadLetter": [
+        "reason", "source_topic", "partition", "offset", "key", "value", "run_id", "at_ms",
+    ],
+    "RunInfo": [
+        "request_id", "run_id", "found", "status", "workflow", "version", "input", "output",
+        "error", "reason", "started_at_ms", "ended_at_ms", "steps",
+    ],
+    "Event": ["name", "payload", "event_id"],
+}  # fmt: skip
+
+
+def test_field_names_are_the_contract() -> None:
+    assert sorted(FIELDS) == NAMES
+    for name, expected in FIELDS.items():
+        schema = SHIPPED[f"runstream.{name}.avsc"]
+        assert [f["name"] for f in schema["fields"]] == expected, name
+        if expected[:2] == _FACT:
+            types = {f["name"]: f["type"] for f in schema["fields"]}
+            assert types["run_id"] == "string" and types["at_ms"] == "long", name
+
+
+def test_start_run_fields_are_the_documented_ones() -> None:
+    fields = {f["name"]: f for f in SHIPPED["runstream.StartRun.avsc"]["fields"]}
+    assert list(fields) == [
+        "run_id", "workflow", "input", "version", "parent_run_id", "tags", "sent_at_ms",
+    ]  # fmt: skip
+    assert fields["input"]["type"] == "bytes"
+    assert fields["tags"]["default"] == {} and fields["sent_at_ms"]["default"] == 0
+
+
+def test_codec_knows_every_shipped_schema(codec: Codec) -> None:
+    assert codec.names() == NAMES
+    for name in NAMES:
+        assert codec.schema(name) == SHIPPED[f"runstream.{name}.avsc"]
+        assert codec.schema(f"runstream.{name}") == codec.schema(name)
+
+
+# -- round trips and the header ------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_round_trip_full_record(codec: Codec, name: str) -> None:
+    record = full_record(codec.schema(name))
+    assert codec.decode(codec.encode(name, record)) == (name, record)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_round_trip_minimal_record_fills_defaults(codec: Codec, name: str) -> None:
+    schema = codec.schema(name)
+    decoded_name, decoded = codec.decode(codec.encode(name, minimal_record(schema)))
+    assert decoded_name == name
+    expected = {f["name"]: f.get("default", _sample(f["type"])) for f in schema["fields"]}
+    assert decoded == expected
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_header_is_magic_and_fingerprint_of_canonical_form(codec: Codec, name: str) -> None:
+    schema = SHIPPED[f"runstream.{name}.avsc"]
+    # computed here independently, as a producer in another language would
+    expected_fp = bytes.fromhex(fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"))
+    data = codec.encode(name, minimal_record(schema))
+    assert data[:2] == MAGIC == b"\xc3\x01"
+    assert data[2:10] == expected_fp == codec.fingerprint(name)
+    # and the body is the plain Avro binary encoding
+    body = BytesIO()
+    schemaless_writer(body, parse_schema(schema), minimal_record(schema))
+    assert data[10:] == body.getvalue()
+
+
+def test_fingerprints_are_distinct(codec: Codec) -> None:
+    assert len({codec.fingerprint(n) for n in NAMES}) == len(NAMES)
+
+
+# Avro spec test vectors (apache/avro share/test/data/schema-tests.txt): signed 64-bit
+# fingerprints; the wire form is their little-endian bytes.
+@pytest.mark.parametrize(
+    ("schema", "value"),
+    [
+        ('"null"', 7195948357588979594),
+        ("null", 7195948357588979594),
+        ('"int"', 8247732601305521295),
+        ('{"fields":[], "type":"record", "name":"foo"}', -4824392279771201922),
+        ('{"fields":[], "type":"record", "name":"foo", "namespace":"x.y"}', 5916914534497305771),
+        (
+            '{"fields":[{"type":"boolean", "aliases":[], "name":"f1", "default":true},'
+            '{"order":"descending","name":"f2","doc":"Hello","type":"int"}],'
+            '"type":"record", "name":"foo"}',
+            -4860222112080293046,
+        ),
+        ('{ "values":"string", "type":"map"}', -8732877298790414990),
+        (
+            '{"name":"PigValue","type":"record",'
+            '"fields":[{"name":"value", "type":["null", "int", "long", "PigValue"]}]}',
+            -1759257747318642341,
+        ),
+    ],
+)
+def test_fingerprint_spec_vectors(schema: str, value: int) -> None:
+    assert schema_fingerprint(schema) == struct.pack("<q", value)
+
+
+def test_null_fingerprint_hex() -> None:
+    assert schema_fingerprint('"null"').hex() == "8a8f25cce724dd63"
+
+
+# -- decode errors -------------------------------------------------------------
+
+
+def _step_completed(codec: Codec) -> bytes:
+    return codec.encode(
+        "StepCompleted",
+        {
+            "run_id": "run-1",
+            "at_ms": 1_700_000_000_000,
+            "seq": 3,
+            "name": "charge",
+            "output": b'{"ok":true}',
+            "attempt": 1,
+            "duration_ms": 12,
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"x", b'{"json": "not avro"}', b"\x00\x00\x00\x00\x01avro-registry", b"\xc3\x02" * 8],
+)
+def test_not_single_object(codec: Codec, data: bytes) -> None:
+    with pytest.raises(DecodeError) as info:
+        codec.decode(data)
+    assert info.value.kind == "not-single-object"
+    assert isinstance(info.value, SchemaError)
+
+
+@pytest.mark.parametrize("cut", [1, 2, 5, 9])
+def test_truncated_header(codec: Codec, cut: int) -> None:
+    with pytest.raises(DecodeError) as info:
+        codec.decode(_step_completed(codec)[:cut])
+    assert info.value.kind == "truncated"
+    assert "10-byte header" in str(info.value)
+
+
+def test_truncated_body(codec: Codec) -> None:
+    data = _step_completed(codec)
+    for cut in range(10, len(data)):
+        with pytest.raises(DecodeError) as info:
+            codec.decode(data[:cut])
+        assert info.value.kind == "truncated", (cut, info.value)
+        assert "StepCompleted" in str(info.value)
+
+
+def test_unknown_fingerprint(codec: Codec) -> None:
+    data = _step_completed(codec)
+    with pytest.raises(DecodeError) as info:
+        codec.decode(data[:2] + b"\x01" * 8 + data[10:])
+    assert info.value.kind == "unknown-fingerprint"
+    assert "0101010101010101" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\x02\xff\xfe" + bytes(20),  # string that is not UTF-8
+        b"\xff" * 30,  # a varint that never ends
+        b"\x01" + bytes(20),  # negative string length
+    ],
+)
+def test_corrupt_body(codec: Codec, body: bytes) -> None:
+    header = MAGIC + codec.fingerprint("StepCompleted")
+    with pytest.raises(DecodeError) as info:
+        codec.decode(header + body)
+    assert info.value.kind == "corrupt"
+
+
+def test_trailing_bytes_are_corrupt(codec: Codec) -> None:
+    with pytest.raises(DecodeError) as info:
+        codec.decode(_step_completed(codec) + b"\x00")
+    assert info.value.kind == "corrupt"
+    assert "trailing" in str(info.value)
+
+
+def test_union_index_out_of_range_is_corrupt(codec: Codec) -> None:
+    record = {"run_id": "r", "at_ms": 1, "seq": 1, "name": "approve", "timeout_at_ms": None}
+    data = codec.encode("SignalAwaited", record)
+    assert data[-1:] == b"\x00"  # the last field is ["null", "long"]: branch 0
+    with pytest.raises(DecodeError) as info:
+        codec.decode(data[:-1] + b"\x0a")  # branch 5 does not exist
+    assert info.value.kind == "corrupt"
+
+
+# -- encode errors -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"output": "not bytes"}, "output"),
+        ({"seq": "three"}, "seq"),
+        ({"name": None}, "name"),
+        ({"unexpected": 1}, "unexpected"),
+    ],
+)
+def test_encode_rejects_bad_record(codec: Codec, change: dict[str, Any], needle: str) -> None:
+    record = {**full_record(codec.schema("StepCompleted")), **change}
+    with pytest.raises(SchemaError) as info:
+        codec.encode("StepCompleted", record)
+    message = str(info.value)
+    assert "StepCompleted" in message and needle in message
+    assert info.value.__cause__ is not None  # wraps fastavro's exception
+    assert not isinstance(info.value, DecodeError)
+
+
+def test_encode_names_missing_field(codec: Codec) -> None:
+    record = full_record(codec.schema("StepCompleted"))
+    del record["duration_ms"]
+    with pytest.raises(SchemaError, match=r"StepCompleted.*missing field\(s\) duration_ms"):
+        codec.encode("StepCompleted", record)
+
+
+def test_encode_rejects_non_mapping(codec: Codec) -> None:
+    with pytest.raises(SchemaError, match="StartRun"):
+        codec.encode("StartRun", None)  # type: ignore[arg-type]
+
+
+def test_encode_unknown_type(codec: Codec) -> None:
+    with pytest.raises(SchemaError, match="unknown record type 'NoSuchThing'"):
+        codec.encode("NoSuchThing", {})
+    with pytest.raises(SchemaError):
+        codec.fingerprint("NoSuchThing")
+
+
+# -- schema evolution ----------------------------------------------------------
+
+START_RUN_V1 = {
+    "type": "record",
+    "name": "StartRun",
+    "namespace": "runstream",
+    "doc": "StartRun before tags and sent_at_ms existed.",
+    "fields": [
+        {"name": "run_id", "type": "string"},
+        {"name": "workflow", "type": "string"},
+        {"name": "input", "type": "bytes"},
+        {"name": "version", "type": ["null", "string"], "default": None},
+        {"name": "parent_run_id", "type": ["null", "string"], "default": None},
+    ],
+}
+
+
+def _encode_v1(record: dict[str, Any]) -> bytes:
+    """What an old producer writes: single-object with the v1 schema, no runstream."""
+    buf = BytesIO()
+    buf.write(MAGIC + schema_fingerprint(START_RUN_V1))
+    schemaless_writer(buf, parse_schema(START_RUN_V1), record)
+    return buf.getvalue()
+
+
+def test_older_writer_schema_is_resolved_into_current() -> None:
+    codec = Codec()  # a fresh one: do not change the shared default
+    old = _encode_v1(
+        {
+            "run_id": "r-9",
+            "workflow": "order",
+            "input": b"{}",
+            "version": "1",
+            "parent_run_id": None,
+        }
+    )
+    with pytest.raises(DecodeError) as info:
+        codec.decode(old)
+    assert info.value.kind == "unknown-fingerprint"
+
+    codec.register(START_RUN_V1)
+    codec.register(json.dumps(START_RUN_V1))  # again, as JSON text: a no-op
+    name, record = codec.decode(old)
+    assert name == "StartRun"
+    assert record == {
+        "run_id": "r-9",
+        "workflow": "order",
+        "input": b"{}",
+        "version": "1",
+        "parent_run_id": None,
+        "tags": {},
+        "sent_at_ms": 0,
+    }
+    # the current schema stays the one used to encode
+    assert codec.encode("StartRun", record)[2:10] == codec.fingerprint("StartRun")
+    assert codec.fingerprint("StartRun") != schema_fingerprint(START_RUN_V1)
+
+
+def test_register_rejects_unresolvable_writer() -> None:
+    codec = Codec()
+    no_workflow = {
+        **START_RUN_V1,
+        "fields": [f for f in START_RUN_V1["fields"] if f["name"] != "workflow"],
+    }
+    with pytest.raises(SchemaError, match="lacks workflow"):
+        codec.register(no_workflow)
+
+
+def test_register_new_type_and_custom_codec() -> None:
+    schema = {
+        "type": "record",
+        "name": "Ping",
+        "namespace": "acme",
+        "fields": [{"name": "n", "type": "int"}],
+    }
+    codec = Codec([schema])
+    assert codec.names() == ["Ping"]
+    assert codec.decode(codec.encode("Ping", {"n": 5})) == ("Ping", {"n": 5})
+    assert codec.decode(codec.encode("acme.Ping", {"n": 6})) == ("Ping", {"n": 6})
+    with pytest.raises(SchemaError, match="not valid JSON"):
+        codec.register("{nope")
+    with pytest.raises(SchemaError, match="record"):
+        codec.register('"int"')
+
+
+def test_default_is_cached() -> None:
+    assert Codec.default() is Codec.default()
+
+
+def test_schema_returns_a_copy(codec: Codec) -> None:
+    codec.schema("StartRun")["fields"].clear()
+    assert codec.schema("StartRun")["fields"]
+
+
+# -- JSON payloads -------------------------------------------------------------
+
+
+class Order(BaseModel):
+    order_id: int
+    at: datetime
+    items: list[str]
+
+
+def test_json_bytes_of_pydantic_model_round_trips() -> None:
+    order = Order(order_id=42, at=datetime(2024, 5, 1, 12, 0, tzinfo=UTC), items=["a", "é"])
+    data = json_bytes(order)
+    assert data == '{"order_id":42,"at":"2024-05-01T12:00:00Z","items":["a","é"]}'.encode()
+    assert Order.model_validate(from_json_bytes(data)) == order
+    # nested in plain values, too
+    assert from_json_bytes(json_bytes({"orders": [order]})) == {
+        "orders": [order.model_dump(mode="json")]
+    }
+
+
+@pytest.mark.parametrize("value", [None, 1, 2.5, "x", [1, "a"], {"a": {"b": [True, None]}}])
+def test_json_bytes_plain_values_round_trip(value: Any) -> None:
+    data = json_bytes(value)
+    assert b" " not in data
+    assert from_json_bytes(data) == value
+
+
+@pytest.mark.parametrize("value", [float("nan"), object(), {"nested": [object()]}])
+def test_json_bytes_rejects_non_json(value: Any) -> None:
+    with pytest.raises(SchemaError, match="JSON"):
+        json_bytes(value)
+
+
+@pytest.mark.parametrize("data", [b"", b"{", b"\xff\xfe", b"nope"])
+def test_from_json_bytes_rejects_garbage(data: bytes) -> None:
+    with pytest.raises(DecodeError) as info:
+        from_json_bytes(data)
+    assert info.value.kind == "corrupt"
