@@ -1,0 +1,66 @@
+"""`runstream kafka up|down|status`: a local Kafka for development (see runstream.localkafka)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from runstream import localkafka
+from runstream.errors import RunstreamError
+
+
+def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Show our own errors as one line on stderr and exit 1, without a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except RunstreamError as e:
+            click.echo(f"Error: {e}", err=True)
+            sys.exit(1)
+
+    return wrapper
+
+
+@click.group()
+def kafka() -> None:
+    """Run a local Apache Kafka (KRaft) from Maven jars: no Docker needed."""
+
+
+@kafka.command()
+@click.option("--nodes", type=click.Choice(["1", "3"]), default="1", show_default=True)
+@click.option("--port", type=int, default=None, help="Client port of the first node.")
+@_errors
+def up(nodes: str, port: int | None) -> None:
+    """Start a broker (or a 3-node cluster) in the background."""
+    state = localkafka.up(nodes=int(nodes), port=port, progress=click.echo)
+    click.echo(f"Kafka is up at {state['bootstrap']} ({state['startup_seconds']:.1f} s)")
+    click.echo(f"logs: {state['work_dir']}")
+
+
+@kafka.command()
+@_errors
+def down() -> None:
+    """Stop the broker(s) `up` started and delete their data."""
+    pids = localkafka.down()
+    click.echo(f"stopped pids {', '.join(map(str, pids))}" if pids else "not running")
+
+
+@kafka.command()
+@_errors
+def status() -> None:
+    """Show whether the local broker runs, and where (exit code 1 when it does not)."""
+    st = localkafka.status()
+    if not st["running"]:
+        click.echo("not running")
+        sys.exit(1)
+    alive = zip(st["pids"], st["alive"], strict=True)
+    pids = ", ".join(f"{p}{'' if a else ' (dead)'}" for p, a in alive)
+    click.echo(f"running at {st['bootstrap']}")
+    click.echo(f"nodes: {st['nodes']}  pids: {pids}  since: {st['started']}")
+    click.echo(f"logs: {st['work_dir']}")
