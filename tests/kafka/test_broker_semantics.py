@@ -1,0 +1,186 @@
+"""Kafka behaviour the engine relies on, proven against a real broker (not the librdkafka mock,
+which does not store transactional offsets)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from runstream.config import client_config
+
+pytestmark = pytest.mark.kafka
+
+
+def create_topics(admin: AdminClient, names: list[str], partitions: int = 1) -> None:
+    futures = admin.create_topics([NewTopic(n, partitions) for n in names])
+    for f in futures.values():
+        f.result(timeout=30)
+
+
+def read_values(bootstrap: str, topic: str, isolation: str) -> list[bytes]:
+    """Every value of partition 0 visible at `isolation`, from the beginning to the end."""
+    consumer = Consumer(
+        {
+            **client_config(bootstrap),
+            "group.id": f"{topic}-reader-{isolation}",
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+            "enable.partition.eof": True,  # tells us when we reached the end (the LSO)
+        }
+    )
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    values: list[bytes] = []
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    return values
+                raise AssertionError(msg.error())
+            values.append(msg.value())
+    finally:
+        consumer.close()
+    raise AssertionError(f"no end of {topic} within 30 s; read {values}")
+
+
+def txn_producer(bootstrap: str, txn_id: str) -> Producer:
+    producer = Producer({**client_config(bootstrap), "transactional.id": txn_id})
+    producer.init_transactions(30)
+    return producer
+
+
+def test_read_committed_sees_committed_not_aborted(kafka_bootstrap, kafka_admin, ns):
+    topic = f"{ns}.events"
+    create_topics(kafka_admin, [topic])
+    producer = txn_producer(kafka_bootstrap, f"{ns}-tx")
+    for value, commit in ((b"c1", True), (b"a1", False), (b"c2", True)):
+        producer.begin_transaction()
+        producer.produce(topic, value)
+        producer.flush(30)  # make sure the aborted record really reaches the log
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+
+    assert read_values(kafka_bootstrap, topic, "read_committed") == [b"c1", b"c2"]
+    # the aborted record is in the log; only the isolation level hides it
+    assert read_values(kafka_bootstrap, topic, "read_uncommitted") == [b"c1", b"a1", b"c2"]
+
+
+def test_send_offsets_to_transaction_moves_offset_only_on_commit(kafka_bootstrap, kafka_admin, ns):
+    src, dst, group = f"{ns}.in", f"{ns}.out", f"{ns}-group"
+    create_topics(kafka_admin, [src, dst])
+    plain = Producer(client_config(kafka_bootstrap))
+    for i in range(3):
+        plain.produce(src, f"in-{i}".encode())
+    assert plain.flush(30) == 0
+
+    consumer = Consumer(
+        {
+            **client_config(kafka_bootstrap),
+            "group.id": group,
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(src, 0, OFFSET_BEGINNING)])
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < 3 and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                got.append(msg.offset())
+        assert got == [0, 1, 2]
+        next_offsets = [TopicPartition(src, 0, 3)]  # the next offset to consume
+
+        producer = txn_producer(kafka_bootstrap, f"{ns}-tx")
+
+        def committed() -> int:
+            return consumer.committed([TopicPartition(src, 0)], timeout=10)[0].offset
+
+        producer.begin_transaction()
+        producer.produce(dst, b"out")
+        producer.send_offsets_to_transaction(next_offsets, consumer.consumer_group_metadata(), 30)
+        producer.abort_transaction(30)
+        assert committed() == OFFSET_INVALID
+
+        producer.begin_transaction()
+        producer.produce(dst, b"out")
+        producer.send_offsets_to_transaction(next_offsets, consumer.consumer_group_metadata(), 30)
+        producer.commit_transaction(30)
+        assert committed() == 3
+    finally:
+        consumer.close()
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's Utils.murmur2 (the Java client's default partitioner hash), unsigned 32-bit."""
+    m, mask = 0x5BD1E995, 0xFFFFFFFF
+    h = (0x9747B28C ^ len(data)) & mask
+    whole = len(data) - len(data) % 4
+    for i in range(0, whole, 4):
+        k = (int.from_bytes(data[i : i + 4], "little") * m) & mask
+        k = ((k ^ (k >> 24)) * m) & mask
+        h = ((h * m) & mask) ^ k
+    tail = data[whole:]
+    if len(tail) == 3:
+        h ^= tail[2] << 16
+    if len(tail) >= 2:
+        h ^= tail[1] << 8
+    if tail:
+        h = ((h ^ tail[0]) * m) & mask
+    h = ((h ^ (h >> 13)) * m) & mask
+    return h ^ (h >> 15)
+
+
+def test_murmur2_helper_matches_kafka_test_vectors():
+    # From Kafka's UtilsTest.testMurmur2 (signed Java ints).
+    for data, java in (
+        (b"21", -973932308),
+        (b"foobar", -790332482),
+        (b"a-little-bit-long-string", -985981536),
+        (b"a-little-bit-longer-string", -1486304829),
+        (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
+        (b"abc", 479470107),
+    ):
+        assert murmur2(data) == java & 0xFFFFFFFF
+
+
+def test_murmur2_random_puts_a_key_in_the_same_partition_of_every_topic(
+    kafka_bootstrap, kafka_admin, ns
+):
+    partitions = 6
+    topics = [f"{ns}.runs", f"{ns}.timers"]
+    create_topics(kafka_admin, topics, partitions)
+    placed: dict[str, dict[bytes, int]] = {t: {} for t in topics}
+
+    def delivered(err, msg):
+        assert err is None, err
+        placed[msg.topic()][msg.key()] = msg.partition()
+
+    producer = Producer({**client_config(kafka_bootstrap), "partitioner": "murmur2_random"})
+    keys = [f"run-{i}".encode() for i in range(40)]
+    for topic in topics:
+        for key in keys:
+            producer.produce(topic, b"v", key=key, on_delivery=delivered)
+    assert producer.flush(30) == 0
+
+    first, second = (placed[t] for t in topics)
+    assert first == second and len(first) == len(keys)
+    assert len(set(first.values())) > 1  # keys really spread out
+    # and the same partition the Java client's default partitioner would choose
+    assert all(p == (murmur2(k) & 0x7FFFFFFF) % partitions for k, p in first.items())
