@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import shutil
@@ -112,10 +113,19 @@ def ensure_jars(progress: Progress = print) -> Path:
         return libs
     mvn = _require("mvn")
     _require("java")
-    progress(f"resolving Kafka {KAFKA_VERSION} jars with Maven (first time only)...")
+    libs.parent.mkdir(parents=True, exist_ok=True)
+    # One resolver at a time: parallel sessions share the cache.
+    with open(libs.parent / "resolve.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _libs_complete(libs):  # another process may have finished meanwhile
+            progress(f"resolving Kafka {KAFKA_VERSION} jars with Maven (first time only)...")
+            _resolve(mvn, libs)
+    return libs
+
+
+def _resolve(mvn: str, libs: Path) -> None:
     if libs.exists():
         shutil.rmtree(libs)  # a half-copied dir from an interrupted run
-    libs.parent.mkdir(parents=True, exist_ok=True)
     with resources.as_file(resources.files("runstream") / "kafka_pom.xml") as pom:
         cmd = [
             mvn,
@@ -139,7 +149,6 @@ def ensure_jars(progress: Progress = print) -> Path:
         raise KafkaSetupError(f"Maven finished but {libs} has no kafka_2.13 jar")
     # Written last: its presence means the copy finished.
     (libs / MARKER).write_text("\n".join(jars) + "\n")
-    return libs
 
 
 # ---------------------------------------------------------------- one broker process
