@@ -236,9 +236,16 @@ def _step_completed(codec: Codec) -> bytes:
 
 @pytest.mark.parametrize(
     "data",
-    [b"", b"x", b'{"json": "not avro"}', b"\x00\x00\x00\x00\x01avro-registry", b"\xc3\x02" * 8],
+    [
+        None,
+        b"",
+        b"x",
+        b'{"json": "not avro"}',
+        b"\x00\x00\x00\x00\x01avro-registry",
+        b"\xc3\x02" * 8,
+    ],
 )
-def test_not_single_object(codec: Codec, data: bytes) -> None:
+def test_not_single_object(codec: Codec, data: bytes | None) -> None:
     with pytest.raises(DecodeError) as info:
         codec.decode(data)
     assert info.value.kind == "not-single-object"

@@ -201,7 +201,7 @@ class Codec:
             raise SchemaError(f"cannot encode {s.name}: {_explain(s, record, exc)}") from exc
         return buf.getvalue()
 
-    def decode(self, data: bytes) -> tuple[str, dict[str, Any]]:
+    def decode(self, data: bytes | None) -> tuple[str, dict[str, Any]]:
         """Decode a single-object value into ``(short name, record)``.
 
         The record is read with the current schema of its name; a record written with
@@ -211,7 +211,7 @@ class Codec:
             DecodeError: with ``kind`` ``"not-single-object"``, ``"truncated"``,
                 ``"unknown-fingerprint"`` or ``"corrupt"``.
         """
-        if data[:2] != MAGIC or len(data) < _HEADER_LEN:
+        if not data or data[:2] != MAGIC or len(data) < _HEADER_LEN:  # None: a tombstone
             _bad_header(data)
         fp = data[2:_HEADER_LEN]
         w = self._by_fp.get(fp)
