@@ -331,7 +331,9 @@ def test_recovery_reruns_an_interrupted_step_then_goes_dead():
         assert core.state("r").recoveries == n
         assert core.queued[-1].attempt == n + 1
     core.recover("r")
-    assert core.state("r").status == "dead" and core.dead and "interrupted" in core.dead[0]["reason"]
+    assert (
+        core.state("r").status == "dead" and core.dead and "interrupted" in core.dead[0]["reason"]
+    )
 
 
 def test_recovered_step_completes_once():

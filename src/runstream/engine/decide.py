@@ -40,7 +40,7 @@ class StepTask:
     args: tuple[Any, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StepOutcome:
     """What a step attempt returned or raised."""
 
@@ -247,8 +247,16 @@ class Decider:
                     return False
                 buffered = next((s for s in state.signals if s["name"] == name), None)
                 if buffered is not None:
-                    self._emit(state, out, "SignalReceived", now, seq=seq, name=name,
-                               payload=buffered["payload"], signal_id=buffered["signal_id"])
+                    self._emit(
+                        state,
+                        out,
+                        "SignalReceived",
+                        now,
+                        seq=seq,
+                        name=name,
+                        payload=buffered["payload"],
+                        signal_id=buffered["signal_id"],
+                    )
                     return True
                 timeout_at = None if timeout is None else now + int(timeout * 1000)
                 self._emit(state, out, "SignalAwaited", now, seq=seq, name=name,
@@ -313,7 +321,8 @@ def run_info(state: RunState, request_id: str) -> dict[str, Any]:
         "request_id": request_id, "run_id": state.run_id, "found": state.exists,
         "status": state.status if state.exists else "", "workflow": state.workflow,
         "version": state.version, "input": state.input if state.exists else None,
-        "output": state.output, "error": state.error, "reason": state.reason,
+        "output": state.output, "error": state.error,
+        "reason": f"continued as {state.continued_as}" if state.continued_as else state.reason,
         "started_at_ms": state.started_at_ms if state.exists else None,
         "ended_at_ms": state.ended_at_ms, "steps": state.steps,
     }  # fmt: skip

@@ -140,8 +140,10 @@ class Context:
         sd = self._registry.step(fn)
         seq = self._next()
         fact = self._recorded(seq, "step " + sd.name)
-        if fact is None or fact.name == "StepStarted" or (
-            fact.name == "StepFailed" and fact.rec["retry_at_ms"] is not None
+        if (
+            fact is None
+            or fact.name == "StepStarted"
+            or (fact.name == "StepFailed" and fact.rec["retry_at_ms"] is not None)
         ):
             await _Suspend(StepCall(seq, sd, args))
         assert fact is not None

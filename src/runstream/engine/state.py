@@ -77,8 +77,10 @@ class RunState:
         """(due_ms, seq) of every open operation that waits for a time."""
         out = []
         for seq, fact in self.pending.items():
-            due = fact.rec.get("due_ms") or fact.rec.get("retry_at_ms") or fact.rec.get(
-                "timeout_at_ms"
+            due = (
+                fact.rec.get("due_ms")
+                or fact.rec.get("retry_at_ms")
+                or fact.rec.get("timeout_at_ms")
             )
             if due is not None:
                 out.append((due, seq))

@@ -39,8 +39,12 @@ def _fact_key(run: bytes, n: int) -> bytes:
 
 
 def _timer_key(due_ms: int, run: bytes, seq: int) -> bytes:
-    return b"t" + max(due_ms, 0).to_bytes(8, "big") + run + b"\x00" + (seq + _SEQ_BIAS).to_bytes(
-        4, "big"
+    return (
+        b"t"
+        + max(due_ms, 0).to_bytes(8, "big")
+        + run
+        + b"\x00"
+        + (seq + _SEQ_BIAS).to_bytes(4, "big")
     )
 
 

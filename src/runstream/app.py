@@ -1,0 +1,91 @@
+"""`App`: a namespace plus the workflows and steps registered on it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+from runstream.engine.workflow import Registry, StepPolicy, step_def, workflow_def
+
+if TYPE_CHECKING:
+    from runstream.client import Client
+    from runstream.worker import Worker, WorkerSettings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class App:
+    """Declares workflows and steps for a namespace (its Kafka topic prefix).
+
+    >>> app = App("shop")
+    >>> @app.workflow(version="1")
+    ... async def checkout(ctx, order: dict) -> dict: ...
+
+    ``bootstrap`` defaults to RUNSTREAM_BOOTSTRAP_SERVERS, then KAFKA_BOOTSTRAP_SERVERS,
+    then the broker `runstream kafka up` started.
+    """
+
+    def __init__(self, namespace: str, bootstrap: str | None = None, *,
+                 max_recovery_attempts: int = 3) -> None:  # fmt: skip
+        from runstream.topics.spec import Topics
+
+        Topics(namespace)  # validates the name now rather than at first use
+        self.namespace = namespace
+        self.bootstrap = bootstrap
+        self.max_recovery_attempts = max_recovery_attempts
+        self.registry = Registry()
+
+    @overload
+    def workflow(self, fn: F) -> F: ...
+    @overload
+    def workflow(self, *, name: str | None = None, version: str = "1") -> Callable[[F], F]: ...
+
+    def workflow(self, fn: F | None = None, *, name: str | None = None,
+                 version: str = "1") -> Any:  # fmt: skip
+        """Register an ``async def (ctx, input)`` as a workflow; the name defaults to the
+        function's. Register several versions under one name: new runs take the newest,
+        running ones stay on theirs."""
+
+        def register(f: F) -> F:
+            wf = workflow_def(f, name=name, version=version)
+            self.registry.add_workflow(wf)
+            f.__runstream_workflow__ = wf.name  # type: ignore[attr-defined]
+            return f
+
+        return register(fn) if fn is not None else register
+
+    @overload
+    def step(self, fn: F) -> F: ...
+    @overload
+    def step(self, *, retries: int = 3, backoff: float = 1.0, max_backoff: float = 300.0,
+             non_retryable: tuple[type[BaseException], ...] = (), timeout: float | None = None,
+             name: str | None = None) -> Callable[[F], F]: ...  # fmt: skip
+
+    def step(self, fn: F | None = None, *, retries: int = 3, backoff: float = 1.0,
+             max_backoff: float = 300.0, non_retryable: tuple[type[BaseException], ...] = (),
+             timeout: float | None = None, name: str | None = None) -> Any:  # fmt: skip
+        """Declare a step's retry policy: ``retries`` more attempts with exponential
+        ``backoff`` seconds; ``non_retryable`` exception types fail the run's step at once;
+        ``timeout`` (seconds) bounds an ``async def`` step. Undecorated functions are
+        steps too, with the defaults."""
+        policy = StepPolicy(retries, backoff, max_backoff, tuple(non_retryable), timeout)
+
+        def register(f: F) -> F:
+            self.registry.add_step(step_def(f, policy, name))
+            return f
+
+        return register(fn) if fn is not None else register
+
+    def client(self) -> Client:
+        from runstream.client import Client
+
+        return Client(self.namespace, self.bootstrap)
+
+    def worker(self, settings: WorkerSettings | None = None, **kw: Any) -> Worker:
+        from runstream.worker import Worker, WorkerSettings
+
+        return Worker(self, settings or WorkerSettings(**kw))
+
+    def run(self, **kw: Any) -> None:
+        """Run an engine instance in this process until SIGTERM/SIGINT."""
+        self.worker(**kw).run()

@@ -1,0 +1,545 @@
+"""An engine instance: owns partitions of ``<ns>.commands`` and runs their workflows.
+
+Per batch (ARCHITECTURE.md section 3): begin a Kafka transaction; decide every
+command and internal work item (step outcomes, due timers) with the pure core;
+produce the facts to ``journal``, their public form to ``lifecycle``, replies,
+dead letters and self-addressed commands; send the consumed offsets; commit. Only
+then write the facts to each partition's projection and start the step bodies that
+became runnable. A crash before the commit leaves no trace; a crash after it leaves
+the projection behind the journal, and restore catches it up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from runstream.client import _consume
+from runstream.config import client_config, resolve_bootstrap
+from runstream.engine import lifecycle, payload
+from runstream.engine.decide import Decider, Effects, StepOutcome, StepTask, run_info
+from runstream.engine.state import RunState
+from runstream.errors import (
+    DecodeError,
+    InvalidInput,
+    RunNotFound,
+    TerminalStepError,
+    WorkflowNotFound,
+)
+from runstream.projections.store import PartitionStore
+from runstream.schemas.codec import Codec
+from runstream.topics.admin import check_copartitioned, ensure_topics
+from runstream.topics.partitioner import partition_for
+from runstream.topics.spec import Topics
+
+if TYPE_CHECKING:
+    from runstream.app import App
+
+log = logging.getLogger("runstream.worker")
+
+#: Step outputs above this go to the run as a failure instead of an oversize record.
+MAX_PAYLOAD_BYTES = 900 * 1024
+
+
+@dataclass
+class WorkerSettings:
+    """Knobs of one engine instance; the defaults suit most deployments."""
+
+    instance_id: str = ""  # stable per instance: names its transactional.id and state dir
+    state_dir: Path = Path("./state")
+    batch_size: int = 500  # commands consumed per transaction at most
+    step_concurrency: int = 16  # local step bodies running at once
+    transaction_timeout_ms: int = 10_000  # how long a crashed instance can hold its partitions
+    session_timeout_ms: int = 10_000
+    create_topics: bool = True
+    partitions: int = 12  # only used when this instance creates the namespace's topics
+    kafka: dict[str, Any] = field(default_factory=dict)  # extra librdkafka settings
+
+
+@dataclass
+class _Owned:
+    store: PartitionStore
+    generation: int
+
+
+class _Batch:
+    """The working copies, effects and consumed offsets of one transaction."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, tuple[int, RunState, RunState]] = {}  # id -> (p, before, after)
+        self.effects = Effects()
+        self.consumed: dict[int, tuple[int, int]] = {}  # partition -> (first, last) offset
+        self.raw: list[tuple[str, int | None, bytes | None, bytes]] = []  # forwards, replies
+        self.encoded: dict[str, list[bytes]] = {}  # run id -> its new facts, as produced
+
+    def state(self, owned: dict[int, _Owned], p: int, run_id: str) -> RunState:
+        entry = self.runs.get(run_id)
+        if entry is None:
+            before = owned[p].store.get(run_id)
+            entry = self.runs[run_id] = (p, before, before.copy())
+        return entry[2]
+
+
+class Worker:
+    """Runs an App's workflows; ``run()`` blocks until SIGTERM/SIGINT or ``stop()``."""
+
+    def __init__(self, app: App, settings: WorkerSettings | None = None,
+                 bootstrap: str | None = None) -> None:  # fmt: skip
+        self.app = app
+        self.settings = s = settings or WorkerSettings()
+        self.instance_id = s.instance_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.bootstrap = resolve_bootstrap(bootstrap or app.bootstrap)
+        self.topics = Topics(app.namespace)
+        self.codec = Codec.default()
+        self.decider = Decider(app.registry, app.max_recovery_attempts)
+        self.state_dir = Path(s.state_dir) / app.namespace / self.instance_id
+        self._owned: dict[int, _Owned] = {}
+        self._to_restore: list[int] = []
+        self._generation = 0
+        self._timers: list[tuple[int, int, int, str, int]] = []  # due, p, gen, run, seq
+        self._outcomes: queue.SimpleQueue[tuple[int, int, StepTask, StepOutcome]] = (
+            queue.SimpleQueue()
+        )
+        self._requeued: list[tuple[Any, ...]] = []
+        self._in_flight = 0
+        self._journal_end: dict[int, int] = {}
+        self._delivery_error: KafkaError | None = None
+        self._stopping = threading.Event()
+        self._executor = ThreadPoolExecutor(s.step_concurrency, thread_name_prefix="step")
+        self.partitions = 0
+        self._consumer: Consumer | None = None
+        self._producer: Producer | None = None
+        self._restorer: Consumer | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def run(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: self.stop())
+        self._connect()
+        log.info("instance %s of %s started on %s (%d partitions)", self.instance_id,
+                 self.app.namespace, self.bootstrap, self.partitions)  # fmt: skip
+        try:
+            while not self._stopping.is_set():
+                self._restore_assigned()
+                msgs = _consume(self.consumer, self._wait_seconds(), self.settings.batch_size)
+                self._process(msgs)
+            self._drain_in_flight(deadline=time.monotonic() + 10)
+        finally:
+            self._close()
+
+    @property
+    def consumer(self) -> Consumer:
+        assert self._consumer is not None
+        return self._consumer
+
+    @property
+    def producer(self) -> Producer:
+        assert self._producer is not None
+        return self._producer
+
+    def _connect(self) -> None:
+        s, ns = self.settings, self.app.namespace
+        if s.create_topics:
+            ensure_topics(self.bootstrap, ns, s.partitions)
+        self.partitions = check_copartitioned(self.bootstrap, ns)
+        base = {**client_config(self.bootstrap), **s.kafka}
+        self._producer = Producer({
+            **base, "transactional.id": f"{ns}.engine.{self.instance_id}",
+            "transaction.timeout.ms": s.transaction_timeout_ms, "linger.ms": 1,
+            "partitioner": "murmur2_random", "on_delivery": self._delivered,
+        })  # fmt: skip
+        self.producer.init_transactions(60)
+        self._consumer = Consumer({
+            **base, "group.id": f"{ns}.engine", "enable.auto.commit": False,
+            "isolation.level": "read_committed", "auto.offset.reset": "earliest",
+            "partition.assignment.strategy": "cooperative-sticky",
+            "session.timeout.ms": s.session_timeout_ms, "fetch.wait.max.ms": 50,
+            "client.id": f"{ns}.engine.{self.instance_id}",
+        })  # fmt: skip
+        self._restorer = Consumer({
+            **base, "group.id": f"{ns}.restore", "enable.auto.commit": False,
+            "isolation.level": "read_committed", "enable.partition.eof": True,
+            "fetch.wait.max.ms": 50,
+        })  # fmt: skip
+        self.consumer.subscribe([self.topics.commands], on_assign=self._on_assign,
+                                on_revoke=self._on_revoke, on_lost=self._on_revoke)  # fmt: skip
+
+    def _close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._consumer is not None:
+            self._consumer.close()  # leaves the group; on_revoke closes the projections
+        for owned in self._owned.values():
+            owned.store.close()
+        self._owned.clear()
+        if self._restorer is not None:
+            self._restorer.close()
+        log.info("instance %s stopped", self.instance_id)
+
+    # -- partition ownership (these run inside consume(), on this thread) -------------
+    def _on_assign(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        consumer.incremental_assign(tps)
+        consumer.pause(tps)  # no commands until the projection has caught up
+        self._to_restore.extend(tp.partition for tp in tps)
+
+    def _on_revoke(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        for tp in tps:
+            owned = self._owned.pop(tp.partition, None)
+            if owned is not None:
+                owned.store.close()
+            if tp.partition in self._to_restore:
+                self._to_restore.remove(tp.partition)
+        consumer.incremental_unassign(tps)
+
+    def _restore_assigned(self) -> None:
+        while self._to_restore:
+            p = self._to_restore.pop(0)
+            started = time.monotonic()
+            tp = TopicPartition(self.topics.commands, p)
+            # Waits while another instance's transaction holds offsets of p (KIP-447):
+            # only then is the journal's end final.
+            self.consumer.committed([tp], timeout=60)
+            store = PartitionStore(self.state_dir / f"p{p}", self.codec)
+            self._generation += 1
+            owned = self._owned[p] = _Owned(store, self._generation)
+            facts = self._catch_up(p, store)
+            for due, run_id, seq in store.timers():
+                heapq.heappush(self._timers, (due, p, owned.generation, run_id, seq))
+            self._requeued += [("recover", p, owned.generation, r) for r in store.running()]
+            self._requeued += [("resume", p, owned.generation, r) for r in store.parked()]
+            self.consumer.resume([tp])
+            log.info("partition %d restored: %d facts in %.2fs", p, facts,
+                     time.monotonic() - started)  # fmt: skip
+
+    def _catch_up(self, p: int, store: PartitionStore) -> int:
+        """Apply journal partition p from the projection's offset to its (stable) end."""
+        from runstream.engine.reducer import apply
+
+        assert self._restorer is not None
+        self._restorer.assign([TopicPartition(self.topics.journal, p, store.journal_offset)])
+        changes: dict[str, tuple[RunState, RunState, list[bytes]]] = {}
+        count, offset = 0, store.journal_offset
+        while True:
+            msg = self._restorer.poll(1.0)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    break
+                raise KafkaException(err)
+            name, rec = self.codec.decode(msg.value())
+            run_id = rec["run_id"]
+            if run_id not in changes:
+                before = store.get(run_id)
+                changes[run_id] = (before, before.copy(), [])
+            _, after, encoded = changes[run_id]
+            apply(after, (name, rec))  # type: ignore[arg-type]
+            encoded.append(msg.value())
+            count, offset = count + 1, msg.offset() + 1
+            if len(changes) >= 2000:
+                store.commit(changes.values(), offset)
+                changes = {}
+        if changes:
+            store.commit(changes.values(), offset)
+        self._restorer.unassign()
+        return count
+
+    # -- the loop ---------------------------------------------------------------------
+    def _wait_seconds(self) -> float:
+        if self._requeued or not self._outcomes.empty():
+            return 0
+        if self._in_flight:
+            return 0.001  # a step may finish any moment; consume() can't be woken
+        if self._timers:
+            return max(0.0, min(0.5, self._timers[0][0] / 1000 - time.time()))
+        return 0.5
+
+    def _take_internal(self, now: int) -> list[tuple[Any, ...]]:
+        items, self._requeued = self._requeued, []
+        while True:
+            try:
+                p, gen, task, outcome = self._outcomes.get_nowait()
+            except queue.Empty:
+                break
+            self._in_flight -= 1
+            items.append(("outcome", p, gen, task, outcome))
+        while self._timers and self._timers[0][0] <= now and len(items) < 5000:
+            _due, p, gen, run_id, seq = heapq.heappop(self._timers)
+            items.append(("timer", p, gen, run_id, seq))
+        return items
+
+    def _process(self, msgs: list[Message]) -> None:
+        now = int(time.time() * 1000)
+        items = self._take_internal(now)
+        if not msgs and not items:
+            return
+        batch = _Batch()
+        for msg in msgs:
+            self._handle_message(batch, msg, now)
+        for item in items:
+            self._handle_item(batch, item, now)
+        for dead in batch.effects.dead_letters:
+            self._dead_letter(batch, None, dead["reason"], now, dead["run_id"])
+        if not batch.consumed and not batch.effects.facts and not batch.raw:
+            return
+        if self._commit(batch):
+            self._apply(batch)
+        else:
+            self._requeued = items + self._requeued
+
+    def _handle_message(self, batch: _Batch, msg: Message, now: int) -> None:
+        err = msg.error()
+        if err is not None:
+            log.warning("consume error: %s", err)
+            return
+        p, offset = msg.partition(), msg.offset()
+        first, _ = batch.consumed.get(p, (offset, offset))
+        batch.consumed[p] = (first, offset)
+        if p not in self._owned:
+            return  # revoked within this poll; the new owner will read it
+        value = msg.value() or b""
+        try:
+            name, rec = self.codec.decode(value)
+        except DecodeError as exc:
+            return self._dead_letter(batch, msg, f"undecodable record ({exc})", now)
+        handler = _COMMANDS.get(name)
+        if handler is None:
+            return self._dead_letter(batch, msg, f"{name} is not a command", now)
+        run_id = rec["run_id"]
+        expected = partition_for(run_id.encode(), self.partitions)
+        if expected != p:  # a producer with another partitioner: route it to its owner
+            batch.raw.append((self.topics.commands, expected, run_id.encode(), value))
+            return
+        state = batch.state(self._owned, p, run_id)
+        self._decide(batch, p, state, lambda: handler(self, batch, state, rec, now), msg, now,
+                     workflow=rec.get("workflow", ""))  # fmt: skip
+
+    def _decide(self, batch: _Batch, p: int, state: RunState, decision: Callable[[], None],
+                msg: Message | None, now: int, workflow: str = "") -> None:  # fmt: skip
+        """Run one decision; if it raises, undo its effects and dead-letter its cause."""
+        mark, snapshot = batch.effects.mark(), state.copy()
+        try:
+            decision()
+        except (WorkflowNotFound, InvalidInput, RunNotFound) as exc:
+            self._undo(batch, state.run_id, mark, snapshot)
+            self._dead_letter(batch, msg, str(exc), now, state.run_id)
+            if not isinstance(exc, RunNotFound):
+                ev = lifecycle.rejected(state.run_id, now, workflow, str(exc))
+                batch.raw.append((self.topics.lifecycle, p, state.run_id.encode(),
+                                  self.codec.encode("LifecycleEvent", ev)))  # fmt: skip
+        except Exception as exc:  # a bug must not block the partition: park the cause
+            log.exception("decision failed for run %s", state.run_id)
+            self._undo(batch, state.run_id, mark, snapshot)
+            self._dead_letter(batch, msg, f"internal error: {exc!r}", now, state.run_id)
+
+    @staticmethod
+    def _undo(batch: _Batch, run_id: str, mark: tuple[int, ...], snapshot: RunState) -> None:
+        batch.effects.rollback(mark)
+        p, before, _ = batch.runs[run_id]
+        batch.runs[run_id] = (p, before, snapshot)
+
+    def _handle_item(self, batch: _Batch, item: tuple[Any, ...], now: int) -> None:
+        kind, p, gen = item[0], item[1], item[2]
+        owned = self._owned.get(p)
+        if owned is None or owned.generation != gen:
+            return  # the partition moved away since: its new owner recovers the run
+        if kind == "outcome":
+            task, outcome = item[3], item[4]
+            state = batch.state(self._owned, p, task.run_id)
+            fn: Callable[[], None] = lambda: self.decider.step_outcome(  # noqa: E731
+                state, outcome, task.step, now, batch.effects
+            )
+        else:
+            state = batch.state(self._owned, p, item[3])
+            if kind == "timer":
+                fn = lambda: self.decider.timer_due(state, item[4], now, batch.effects)  # noqa: E731
+            elif kind == "recover":
+                fn = lambda: self.decider.recover(state, now, batch.effects)  # noqa: E731
+            else:
+                fn = lambda: self.decider.resume(state, now, batch.effects)  # noqa: E731
+        self._decide(batch, p, state, fn, None, now)
+
+    def _dead_letter(self, batch: _Batch, msg: Message | None, reason: str, now: int,
+                     run_id: str | None = None) -> None:  # fmt: skip
+        rec = {
+            "reason": reason, "source_topic": msg.topic() if msg else self.topics.journal,
+            "partition": msg.partition() if msg else -1, "offset": msg.offset() if msg else -1,
+            "key": msg.key() if msg else None, "value": msg.value() if msg else None,
+            "run_id": run_id, "at_ms": now,
+        }  # fmt: skip
+        log.warning("dead letter: %s", reason)
+        key = msg.key() if msg else (run_id or "").encode()
+        batch.raw.append((self.topics.dlq, None, key, self.codec.encode("DeadLetter", rec)))
+
+    # -- the transaction -------------------------------------------------------------
+    def _commit(self, batch: _Batch) -> bool:
+        """Produce everything the batch decided and commit it with the consumed offsets.
+        False when the transaction had to be aborted (the batch is then redone)."""
+        producer, topics, encode = self.producer, self.topics, self.codec.encode
+        fx = batch.effects
+        self._journal_end.clear()
+        self._delivery_error = None
+        producer.begin_transaction()
+        try:
+            for fact in fx.facts:
+                run_id = fact.rec["run_id"]
+                p = batch.runs[run_id][0]
+                data = encode(fact.name, fact.rec)
+                batch.encoded.setdefault(run_id, []).append(data)
+                self._produce(topics.journal, p, run_id.encode(), data)
+            for ev in fx.lifecycle:
+                run_id = ev["run_id"]
+                self._produce(topics.lifecycle, batch.runs[run_id][0], run_id.encode(),
+                              encode("LifecycleEvent", ev))  # fmt: skip
+            for key, name, rec in fx.commands:
+                self._produce(topics.commands, partition_for(key.encode(), self.partitions),
+                              key.encode(), encode(name, rec))  # fmt: skip
+            for topic, partition, key, value in batch.raw:
+                self._produce(topic, partition, key, value)
+            if batch.consumed:
+                offsets = [TopicPartition(topics.commands, p, last + 1)
+                           for p, (_, last) in batch.consumed.items()]  # fmt: skip
+                producer.send_offsets_to_transaction(
+                    offsets, self.consumer.consumer_group_metadata(), 30
+                )
+            while True:
+                try:
+                    producer.commit_transaction(30)
+                    break
+                except KafkaException as exc:
+                    if not exc.args[0].retriable():
+                        raise
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not err.txn_requires_abort():
+                raise  # fatal (e.g. fenced by a newer instance): this process must restart
+            log.warning("transaction aborted (%s); redoing the batch", err)
+            producer.abort_transaction(30)
+            for p, (first, _) in batch.consumed.items():
+                if p in self._owned:
+                    self.consumer.seek(TopicPartition(topics.commands, p, first))
+            return False
+        return True
+
+    def _produce(self, topic: str, partition: int | None, key: bytes | None, value: bytes) -> None:
+        kwargs: dict[str, Any] = {"key": key, "value": value}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                self.producer.produce(topic, **kwargs)
+                return
+            except BufferError:  # local queue full: let librdkafka send some
+                self.producer.poll(0.05)
+
+    def _delivered(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self._delivery_error = err  # the commit fails with an abortable error too
+        elif msg.topic() == self.topics.journal:
+            p, end = msg.partition(), msg.offset() + 1
+            if end > self._journal_end.get(p, 0):
+                self._journal_end[p] = end
+
+    def _apply(self, batch: _Batch) -> None:
+        """After the commit: project the facts, arm timers, start the steps."""
+        by_partition: dict[int, list[tuple[RunState, RunState, list[bytes]]]] = {}
+        for run_id, data in batch.encoded.items():
+            p, before, after = batch.runs[run_id]
+            by_partition.setdefault(p, []).append((before, after, data))
+        for p, changes in by_partition.items():
+            owned = self._owned[p]
+            end = self._journal_end.get(p)
+            if end is None:  # delivery reports are served inside commit; never expected
+                self.producer.flush(10)
+                end = self._journal_end[p]
+            owned.store.commit(changes, end)
+            for _, after, _ in changes:
+                for due, seq in after.timers():
+                    heapq.heappush(self._timers, (due, p, owned.generation, after.run_id, seq))
+        for task in batch.effects.steps:
+            p = batch.runs[task.run_id][0]
+            self._in_flight += 1
+            self._executor.submit(self._execute, p, self._owned[p].generation, task)
+
+    # -- steps ------------------------------------------------------------------------
+    def _execute(self, p: int, gen: int, task: StepTask) -> None:
+        """Run one step attempt (on an executor thread) and queue its outcome."""
+        started = time.monotonic()
+        step = task.step
+        try:
+            if step.is_async:
+                result = asyncio.run(asyncio.wait_for(step.fn(*task.args), step.policy.timeout))
+            else:
+                result = step.fn(*task.args)
+            output = payload.dumps(result)
+            if len(output) > MAX_PAYLOAD_BYTES:
+                raise TerminalStepError(f"step output is {len(output)} bytes; the limit is "
+                                        f"{MAX_PAYLOAD_BYTES}")  # fmt: skip
+            outcome = StepOutcome(task.run_id, task.seq, task.attempt, True, output)
+        except BaseException as exc:
+            final = (TerminalStepError, *step.policy.non_retryable)
+            outcome = StepOutcome(task.run_id, task.seq, task.attempt, False,
+                                  error=f"{type(exc).__name__}: {exc}",
+                                  traceback=traceback.format_exc(),
+                                  retryable=not isinstance(exc, final))  # fmt: skip
+        outcome.duration_ms = int((time.monotonic() - started) * 1000)
+        self._outcomes.put((p, gen, task, outcome))
+
+    def _drain_in_flight(self, deadline: float) -> None:
+        """On shutdown: take no new commands, but record the steps still running."""
+        self.consumer.pause(self.consumer.assignment())
+        while self._in_flight and time.monotonic() < deadline:
+            self._process(_consume(self.consumer, 0.01))
+        self._process([])
+
+
+def _start(w: Worker, batch: _Batch, state: RunState, rec: dict[str, Any], now: int) -> None:
+    w.decider.start(state, rec, now, batch.effects)
+
+
+def _signal(w: Worker, batch: _Batch, state: RunState, rec: dict[str, Any], now: int) -> None:
+    w.decider.signal(state, rec, now, batch.effects)
+
+
+def _cancel(w: Worker, batch: _Batch, state: RunState, rec: dict[str, Any], now: int) -> None:
+    w.decider.cancel(state, rec, now, batch.effects)
+
+
+def _step_result(w: Worker, batch: _Batch, state: RunState, rec: dict[str, Any],
+                 now: int) -> None:  # fmt: skip
+    o = StepOutcome(rec["run_id"], rec["seq"], rec["attempt"], rec["ok"], rec["output"],
+                    rec["error"], rec["traceback"])  # fmt: skip
+    w.decider.step_outcome(state, o, None, now, batch.effects)
+
+
+def _query(w: Worker, batch: _Batch, state: RunState, rec: dict[str, Any], now: int) -> None:
+    info = w.codec.encode("RunInfo", run_info(state, rec["request_id"]))
+    batch.raw.append((w.topics.replies, None, rec["reply_to"].encode(), info))
+
+
+_COMMANDS: dict[str, Callable[[Worker, _Batch, RunState, dict[str, Any], int], None]] = {
+    "StartRun": _start,
+    "Signal": _signal,
+    "Cancel": _cancel,
+    "StepResult": _step_result,
+    "Query": _query,
+}

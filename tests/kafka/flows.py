@@ -1,0 +1,114 @@
+"""Workflows the engine tests run, in-process or in worker subprocesses.
+
+A subprocess imports this module as ``tests.kafka.flows:app``; the namespace comes
+from RUNSTREAM_TEST_NS. Step bodies append a line to RUNSTREAM_TEST_STEP_LOG (if set)
+so tests can count executions across processes and crashes exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from pydantic import BaseModel
+
+import runstream
+from runstream import TerminalStepError
+
+
+def _log(line: str) -> None:
+    path = os.environ.get("RUNSTREAM_TEST_STEP_LOG")
+    if path:
+        with open(path, "a") as f:  # O_APPEND: one short write per line, atomic enough
+            f.write(line + "\n")
+
+
+class Order(BaseModel):
+    id: int
+    amount: float
+
+
+def make_app(ns: str, bootstrap: str | None = None, **kw) -> runstream.App:
+    app = runstream.App(ns, bootstrap, **kw)
+
+    @app.step
+    def add_one(x: int) -> int:
+        _log(f"add_one {x}")
+        return x + 1
+
+    @app.workflow
+    async def three_steps(ctx: runstream.Context, x: int) -> int:
+        for _ in range(3):
+            x = await ctx.step(add_one, x)
+        return x
+
+    @app.step
+    def tick(run: str, n: int) -> int:
+        _log(f"{run} {n}")
+        return n
+
+    @app.workflow
+    async def sleepy(ctx: runstream.Context, seconds: float) -> str:
+        await ctx.step(tick, ctx.run_id, 1)
+        await ctx.sleep(seconds)
+        await ctx.step(tick, ctx.run_id, 2)
+        await ctx.step(tick, ctx.run_id, 3)
+        return "rested"
+
+    @app.workflow
+    async def approval(ctx: runstream.Context, timeout: float | None = None) -> dict:
+        try:
+            got = await ctx.wait_for_signal("approve", timeout=timeout)
+        except runstream.SignalTimeout:
+            return {"approved": False}
+        return {"approved": True, "by": got}
+
+    @app.step
+    def reserve(order: Order) -> str:
+        _log(f"reserve {order.id}")
+        return f"r-{order.id}"
+
+    @app.step
+    def release(order: Order) -> None:
+        _log(f"release {order.id}")
+
+    @app.step
+    def charge(order: Order) -> float:
+        _log(f"charge {order.id}")
+        if order.amount < 0:
+            raise TerminalStepError("negative amount")
+        return order.amount
+
+    @app.step
+    def refund(order: Order) -> None:
+        _log(f"refund {order.id}")
+
+    @app.workflow
+    async def checkout(ctx: runstream.Context, order: Order) -> dict:
+        reservation = await ctx.step(reserve, order, compensate=release)
+        paid = await ctx.step(charge, order, compensate=refund)
+        approved = await ctx.wait_for_signal("approve")
+        return {"reservation": reservation, "paid": paid, "approved_by": approved}
+
+    @app.workflow
+    async def countdown(ctx: runstream.Context, n: int) -> str:
+        if n > 0:
+            ctx.continue_as_new(n - 1)
+        return f"done at {ctx.run_id}"
+
+    @app.step
+    def crash() -> None:
+        _log("crash")
+        os.kill(os.getpid(), signal.SIGKILL)  # a poison step that takes its process down
+
+    @app.workflow
+    async def poison(ctx: runstream.Context) -> None:
+        await ctx.step(crash)
+
+    return app
+
+
+app = make_app(
+    os.environ.get("RUNSTREAM_TEST_NS", "flows"),
+    max_recovery_attempts=int(os.environ.get("RUNSTREAM_TEST_MAX_RECOVERY", "3")),
+)

@@ -1,0 +1,166 @@
+"""The engine end to end on the real broker: one instance on a thread of the test."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from confluent_kafka import Producer
+
+import runstream
+from runstream.config import client_config
+from runstream.schemas.codec import Codec
+from runstream.topics.partitioner import partition_for
+
+from .flows import make_app
+from .kit import PARTITIONS, ThreadWorker, read_topic, wait_for
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture
+def engine(kafka_bootstrap, ns, tmp_path, monkeypatch):
+    """(app, client, step log path) with one running engine instance."""
+    log = tmp_path / "steps.log"
+    monkeypatch.setenv("RUNSTREAM_TEST_STEP_LOG", str(log))
+    app = make_app(ns, kafka_bootstrap)
+    worker = ThreadWorker(app, tmp_path / "state")
+    client = wait_for(lambda: _client(ns, kafka_bootstrap), what="the worker's topics")
+    yield app, client, log
+    client.close()
+    worker.stop()
+
+
+def _client(ns, bootstrap):
+    try:
+        return runstream.Client(ns, bootstrap)
+    except runstream.RunstreamError:
+        return None
+
+
+def _at_least(n, records):
+    return records if len(records) >= n else None
+
+
+def _steps(log) -> Counter[str]:
+    return Counter(log.read_text().splitlines()) if log.exists() else Counter()
+
+
+def test_three_steps_run_once_each_and_the_journal_agrees(engine, kafka_bootstrap, ns):
+    app, client, log = engine
+    run_ids = [client.start("three_steps", i, run_id=f"r{i}") for i in range(20)]
+    assert [client.result(r, timeout=60) for r in run_ids] == [i + 3 for i in range(20)]
+    assert sum(_steps(log).values()) == 60
+    journal = read_topic(kafka_bootstrap, f"{ns}.journal")
+    completed = Counter((r["run_id"], r["seq"]) for n, r, _ in journal if n == "StepCompleted")
+    assert len(completed) == 60 and set(completed.values()) == {1}
+    for name, rec, msg in journal:  # co-partitioned with commands, by Kafka's murmur2
+        assert msg.partition() == partition_for(rec["run_id"].encode(), PARTITIONS)
+    info = client.get_run("r3")
+    assert (info.status, info.output, info.steps, info.workflow) == (
+        "completed",
+        6,
+        3,
+        "three_steps",
+    )
+    with pytest.raises(runstream.RunNotFound):
+        client.get_run("no-such-run")
+
+
+def test_start_is_idempotent_by_run_id(engine):
+    app, client, log = engine
+    client.start("three_steps", 1, run_id="same")
+    client.start("three_steps", 100, run_id="same")
+    assert client.result("same", timeout=60) == 4
+    assert sum(_steps(log).values()) == 3
+
+
+def test_signal_sent_before_the_wait_is_buffered(engine, kafka_bootstrap, ns):
+    app, client, log = engine
+    client.signal("early", "approve", "ann")  # the run does not exist yet: dead-lettered
+    client.start("approval", None, run_id="early")
+    client.signal("early", "approve", "bob", signal_id="sig-1")
+    client.signal("early", "approve", "bob-again", signal_id="sig-1")  # a retry: counted once
+    assert client.result("early", timeout=60) == {"approved": True, "by": "bob"}
+    dlq = read_topic(kafka_bootstrap, f"{ns}.dlq")
+    assert [r["reason"] for _, r, _ in dlq] == ["signal 'approve' for unknown run 'early'"]
+
+
+def test_signal_wait_times_out(engine):
+    app, client, log = engine
+    client.start("approval", 0.5, run_id="late")
+    assert client.result("late", timeout=60) == {"approved": False}
+
+
+def test_cancel_with_compensation_runs_them_in_reverse(engine):
+    app, client, log = engine
+    client.start("checkout", {"id": 7, "amount": 10}, run_id="o7")
+    wait_for(lambda: _steps(log)["charge 7"], what="charge")
+    wait_for(lambda: client.get_run("o7").status == "running")
+    client.cancel("o7", compensate=True, reason="customer changed mind")
+    with pytest.raises(runstream.RunCancelled, match="customer changed mind"):
+        client.result("o7", timeout=60)
+    lines = log.read_text().splitlines()
+    assert lines == ["reserve 7", "charge 7", "refund 7", "release 7"]
+    client.cancel("o7")  # cancelling a finished run changes nothing
+    assert client.get_run("o7").status == "cancelled"
+
+
+def test_failure_compensates_and_fails_the_run(engine):
+    app, client, log = engine
+    client.start("checkout", {"id": 8, "amount": -1}, run_id="o8")
+    with pytest.raises(runstream.RunFailed, match="negative amount"):
+        client.result("o8", timeout=60)
+    assert log.read_text().splitlines() == ["reserve 8", "charge 8", "release 8"]
+
+
+def test_continue_as_new_chains_runs(engine):
+    app, client, log = engine
+    client.start("countdown", 2, run_id="cd")
+    assert client.result("cd", timeout=60) == "done at cd~2"
+    assert client.get_run("cd~1").status == "completed"
+
+
+def test_bad_input_is_dead_lettered_and_never_blocks(engine, kafka_bootstrap, ns):
+    app, client, log = engine
+    producer = Producer(client_config(kafka_bootstrap))
+    codec = Codec.default()
+    key = b"junk"
+    producer.produce(f"{ns}.commands", b"\x00not avro at all", key,
+                     partition=partition_for(key, PARTITIONS))  # fmt: skip
+    producer.flush(10)
+    client.start("no_such_workflow", {}, run_id="unknown-wf")
+    client.start("checkout", {"id": "not a number"}, run_id="bad-input")
+    producer.produce(f"{ns}.commands", codec.encode("RunCancelled", {
+        "run_id": "x", "at_ms": 0, "reason": ""}), b"x",
+        partition=partition_for(b"x", PARTITIONS))  # a fact is not a command  # fmt: skip
+    producer.flush(10)
+    client.start("three_steps", 1, run_id="after")  # the partitions keep going
+    assert client.result("after", timeout=60) == 4
+
+    dlq = wait_for(
+        lambda: _at_least(4, read_topic(kafka_bootstrap, f"{ns}.dlq")), what="4 dead letters"
+    )
+    reasons = {r["run_id"]: r["reason"] for _, r, _ in dlq}
+    assert "no workflow named 'no_such_workflow'" in reasons["unknown-wf"]
+    assert "invalid" in reasons["bad-input"] and "id" in reasons["bad-input"]
+    junk = next(r for _, r, _ in dlq if r["value"] == b"\x00not avro at all")
+    assert "undecodable" in junk["reason"] and junk["source_topic"] == f"{ns}.commands"
+    assert junk["offset"] >= 0 and junk["key"] == b"junk"
+    assert any("RunCancelled is not a command" in r["reason"] for _, r, _ in dlq)
+    rejected = {r["run_id"] for n, r, _ in read_topic(kafka_bootstrap, f"{ns}.lifecycle")
+                if r.get("type") == "run.rejected"}  # fmt: skip
+    assert {"unknown-wf", "bad-input"} <= rejected
+
+
+def test_lifecycle_stream_tells_the_whole_story(engine, kafka_bootstrap, ns):
+    app, client, log = engine
+    client.start("sleepy", 0.2, run_id="story")
+    assert client.result("story", timeout=60) == "rested"
+    events = [r for _, r, _ in read_topic(kafka_bootstrap, f"{ns}.lifecycle")
+              if r["run_id"] == "story"]  # fmt: skip
+    types = [e["type"] for e in events]
+    assert types[0] == "run.started" and types[-1] == "run.completed"
+    assert types.count("step.completed") == 3 and "run.suspended" in types
+    assert events[-1]["duration_ms"] >= 200
+    assert all(e["workflow"] == "sleepy" for e in events)
