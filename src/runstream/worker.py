@@ -33,12 +33,14 @@ from runstream.client import _consume
 from runstream.config import client_config, resolve_bootstrap
 from runstream.engine import lifecycle, payload
 from runstream.engine.decide import Decider, Effects, StepOutcome, StepTask, run_info
-from runstream.engine.state import RunState
+from runstream.engine.reducer import apply
+from runstream.engine.state import Fact, RunState
 from runstream.errors import (
     DecodeError,
     InvalidInput,
     RunNotFound,
     TerminalStepError,
+    TopicError,
     WorkflowNotFound,
 )
 from runstream.projections.store import PartitionStore
@@ -60,7 +62,9 @@ MAX_PAYLOAD_BYTES = 900 * 1024
 class WorkerSettings:
     """Knobs of one engine instance; the defaults suit most deployments."""
 
-    instance_id: str = ""  # stable per instance: names its transactional.id and state dir
+    # Stable per instance: names its transactional.id, state dir and static group
+    # membership, so a restart takes its partitions back at once. Never share one.
+    instance_id: str = ""
     state_dir: Path = Path("./state")
     batch_size: int = 500  # commands consumed per transaction at most
     step_concurrency: int = 16  # local step bodies running at once
@@ -158,9 +162,13 @@ class Worker:
 
     def _connect(self) -> None:
         s, ns = self.settings, self.app.namespace
-        if s.create_topics:
-            ensure_topics(self.bootstrap, ns, s.partitions)
-        self.partitions = check_copartitioned(self.bootstrap, ns)
+        try:
+            self.partitions = check_copartitioned(self.bootstrap, ns)
+        except TopicError:
+            if not s.create_topics:
+                raise
+            ensure_topics(self.bootstrap, ns, s.partitions)  # a new namespace
+            self.partitions = check_copartitioned(self.bootstrap, ns)
         base = {**client_config(self.bootstrap), **s.kafka}
         self._producer = Producer({
             **base, "transactional.id": f"{ns}.engine.{self.instance_id}",
@@ -168,8 +176,9 @@ class Worker:
             "partitioner": "murmur2_random", "on_delivery": self._delivered,
         })  # fmt: skip
         self.producer.init_transactions(60)
+        static = {"group.instance.id": self.instance_id} if s.instance_id else {}
         self._consumer = Consumer({
-            **base, "group.id": f"{ns}.engine", "enable.auto.commit": False,
+            **base, **static, "group.id": f"{ns}.engine", "enable.auto.commit": False,
             "isolation.level": "read_committed", "auto.offset.reset": "earliest",
             "partition.assignment.strategy": "cooperative-sticky",
             "session.timeout.ms": s.session_timeout_ms, "fetch.wait.max.ms": 50,
@@ -231,8 +240,6 @@ class Worker:
 
     def _catch_up(self, p: int, store: PartitionStore) -> int:
         """Apply journal partition p from the projection's offset to its (stable) end."""
-        from runstream.engine.reducer import apply
-
         assert self._restorer is not None
         self._restorer.assign([TopicPartition(self.topics.journal, p, store.journal_offset)])
         changes: dict[str, tuple[RunState, RunState, list[bytes]]] = {}
@@ -252,7 +259,7 @@ class Worker:
                 before = store.get(run_id)
                 changes[run_id] = (before, before.copy(), [])
             _, after, encoded = changes[run_id]
-            apply(after, (name, rec))  # type: ignore[arg-type]
+            apply(after, Fact(name, rec))
             encoded.append(msg.value())
             count, offset = count + 1, msg.offset() + 1
             if len(changes) >= 2000:

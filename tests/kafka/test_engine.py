@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from confluent_kafka import Producer
@@ -20,13 +23,13 @@ pytestmark = pytest.mark.kafka
 
 @pytest.fixture
 def engine(kafka_bootstrap, ns, tmp_path, monkeypatch):
-    """(app, client, step log path) with one running engine instance."""
+    """One running engine instance, with .app, .client and .log (the step log)."""
     log = tmp_path / "steps.log"
     monkeypatch.setenv("RUNSTREAM_TEST_STEP_LOG", str(log))
     app = make_app(ns, kafka_bootstrap)
     worker = ThreadWorker(app, tmp_path / "state")
     client = wait_for(lambda: _client(ns, kafka_bootstrap), what="the worker's topics")
-    yield app, client, log
+    yield SimpleNamespace(app=app, client=client, log=log)
     client.close()
     worker.stop()
 
@@ -47,7 +50,7 @@ def _steps(log) -> Counter[str]:
 
 
 def test_three_steps_run_once_each_and_the_journal_agrees(engine, kafka_bootstrap, ns):
-    app, client, log = engine
+    client, log = engine.client, engine.log
     run_ids = [client.start("three_steps", i, run_id=f"r{i}") for i in range(20)]
     assert [client.result(r, timeout=60) for r in run_ids] == [i + 3 for i in range(20)]
     assert sum(_steps(log).values()) == 60
@@ -68,7 +71,7 @@ def test_three_steps_run_once_each_and_the_journal_agrees(engine, kafka_bootstra
 
 
 def test_start_is_idempotent_by_run_id(engine):
-    app, client, log = engine
+    client, log = engine.client, engine.log
     client.start("three_steps", 1, run_id="same")
     client.start("three_steps", 100, run_id="same")
     assert client.result("same", timeout=60) == 4
@@ -76,7 +79,7 @@ def test_start_is_idempotent_by_run_id(engine):
 
 
 def test_signal_sent_before_the_wait_is_buffered(engine, kafka_bootstrap, ns):
-    app, client, log = engine
+    client, log = engine.client, engine.log
     client.signal("early", "approve", "ann")  # the run does not exist yet: dead-lettered
     client.start("approval", None, run_id="early")
     client.signal("early", "approve", "bob", signal_id="sig-1")
@@ -87,13 +90,13 @@ def test_signal_sent_before_the_wait_is_buffered(engine, kafka_bootstrap, ns):
 
 
 def test_signal_wait_times_out(engine):
-    app, client, log = engine
+    client, log = engine.client, engine.log
     client.start("approval", 0.5, run_id="late")
     assert client.result("late", timeout=60) == {"approved": False}
 
 
 def test_cancel_with_compensation_runs_them_in_reverse(engine):
-    app, client, log = engine
+    client, log = engine.client, engine.log
     client.start("checkout", {"id": 7, "amount": 10}, run_id="o7")
     wait_for(lambda: _steps(log)["charge 7"], what="charge")
     wait_for(lambda: client.get_run("o7").status == "running")
@@ -107,7 +110,7 @@ def test_cancel_with_compensation_runs_them_in_reverse(engine):
 
 
 def test_failure_compensates_and_fails_the_run(engine):
-    app, client, log = engine
+    client, log = engine.client, engine.log
     client.start("checkout", {"id": 8, "amount": -1}, run_id="o8")
     with pytest.raises(runstream.RunFailed, match="negative amount"):
         client.result("o8", timeout=60)
@@ -115,14 +118,14 @@ def test_failure_compensates_and_fails_the_run(engine):
 
 
 def test_continue_as_new_chains_runs(engine):
-    app, client, log = engine
+    client, log = engine.client, engine.log
     client.start("countdown", 2, run_id="cd")
     assert client.result("cd", timeout=60) == "done at cd~2"
     assert client.get_run("cd~1").status == "completed"
 
 
 def test_bad_input_is_dead_lettered_and_never_blocks(engine, kafka_bootstrap, ns):
-    app, client, log = engine
+    client, log = engine.client, engine.log
     producer = Producer(client_config(kafka_bootstrap))
     codec = Codec.default()
     key = b"junk"
@@ -154,7 +157,7 @@ def test_bad_input_is_dead_lettered_and_never_blocks(engine, kafka_bootstrap, ns
 
 
 def test_lifecycle_stream_tells_the_whole_story(engine, kafka_bootstrap, ns):
-    app, client, log = engine
+    client, log = engine.client, engine.log
     client.start("sleepy", 0.2, run_id="story")
     assert client.result("story", timeout=60) == "rested"
     events = [r for _, r, _ in read_topic(kafka_bootstrap, f"{ns}.lifecycle")
@@ -164,3 +167,79 @@ def test_lifecycle_stream_tells_the_whole_story(engine, kafka_bootstrap, ns):
     assert types.count("step.completed") == 3 and "run.suspended" in types
     assert events[-1]["duration_ms"] >= 200
     assert all(e["workflow"] == "sleepy" for e in events)
+
+
+def _greeter(version: str):
+    async def greet(ctx: runstream.Context) -> str:
+        return f"v{version} got {await ctx.wait_for_signal('go')}"
+
+    return greet
+
+
+def test_versions_are_pinned_and_unknown_versions_park(kafka_bootstrap, ns, tmp_path):
+    def app_with(*versions: str) -> runstream.App:
+        app = runstream.App(ns, kafka_bootstrap)
+        for v in versions:
+            app.workflow(name="greet", version=v)(_greeter(v))
+        return app
+
+    state = tmp_path / "state"
+    worker = ThreadWorker(app_with("1"), state)
+    client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
+    client.start("greet", None, run_id="old")
+    wait_for(lambda: client.get_run("old").status == "running")
+    worker.stop()
+
+    worker = ThreadWorker(app_with("2"), state)  # a deploy that dropped version 1
+    client.signal("old", "go", "hi")
+    wait_for(lambda: client.get_run("old").status == "parked", what="parked")
+    assert "version '1' is not registered" in client.get_run("old").reason
+    worker.stop()
+
+    worker = ThreadWorker(app_with("1", "2"), state)  # version 1 is back: the run resumes
+    assert client.result("old", timeout=60) == "v1 got hi"
+    client.start("greet", None, run_id="new")
+    client.signal("new", "go", "yo")
+    assert client.result("new", timeout=60) == "v2 got yo"
+    lifecycle = read_topic(kafka_bootstrap, f"{ns}.lifecycle")
+    assert any(r["type"] == "run.suspended" and "not registered" in (r["reason"] or "")
+               for _, r, _ in lifecycle)  # fmt: skip
+    client.close()
+    worker.stop()
+
+
+def _dump_projections(state: Path) -> dict[str, list]:
+    from runstream.projections.store import PartitionStore
+
+    dumps = {}
+    for d in sorted(state.glob("*/*/p*")):
+        store = PartitionStore(d, Codec.default(), read_only=True)
+        dumps[d.name] = store.dump()
+        store.close()
+    return dumps
+
+
+def test_rebuild_from_the_journal_gives_the_same_projection(kafka_bootstrap, ns, tmp_path):
+    app = make_app(ns, kafka_bootstrap)
+    state = tmp_path / "state"
+    worker = ThreadWorker(app, state)
+    client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
+    for i in range(12):
+        client.start("three_steps", i, run_id=f"done-{i}")
+        client.start("sleepy", 3600, run_id=f"asleep-{i}")
+        client.start("approval", None, run_id=f"waiting-{i}")
+        client.signal(f"waiting-{i}", "other", i)  # buffered: nobody waits for it
+    for i in range(12):
+        client.result(f"done-{i}", timeout=60)
+        wait_for(lambda i=i: client.get_run(f"asleep-{i}").steps == 1)
+    worker.stop()
+    before = _dump_projections(state)
+    assert len(before) == PARTITIONS and sum(len(d) for d in before.values()) > 150
+
+    shutil.rmtree(state)
+    worker = ThreadWorker(app, state)
+    for i in range(12):  # answered only once the run's partition is restored
+        assert client.get_run(f"waiting-{i}").status == "running"
+    worker.stop()
+    assert _dump_projections(state) == before
+    client.close()
