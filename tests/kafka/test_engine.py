@@ -57,7 +57,7 @@ def test_three_steps_run_once_each_and_the_journal_agrees(engine, kafka_bootstra
     journal = read_topic(kafka_bootstrap, f"{ns}.journal")
     completed = Counter((r["run_id"], r["seq"]) for n, r, _ in journal if n == "StepCompleted")
     assert len(completed) == 60 and set(completed.values()) == {1}
-    for name, rec, msg in journal:  # co-partitioned with commands, by Kafka's murmur2
+    for _, rec, msg in journal:  # co-partitioned with commands, by Kafka's murmur2
         assert msg.partition() == partition_for(rec["run_id"].encode(), PARTITIONS)
     info = client.get_run("r3")
     assert (info.status, info.output, info.steps, info.workflow) == (
@@ -79,7 +79,7 @@ def test_start_is_idempotent_by_run_id(engine):
 
 
 def test_signal_sent_before_the_wait_is_buffered(engine, kafka_bootstrap, ns):
-    client, log = engine.client, engine.log
+    client = engine.client
     client.signal("early", "approve", "ann")  # the run does not exist yet: dead-lettered
     client.start("approval", None, run_id="early")
     client.signal("early", "approve", "bob", signal_id="sig-1")
@@ -90,7 +90,7 @@ def test_signal_sent_before_the_wait_is_buffered(engine, kafka_bootstrap, ns):
 
 
 def test_signal_wait_times_out(engine):
-    client, log = engine.client, engine.log
+    client = engine.client
     client.start("approval", 0.5, run_id="late")
     assert client.result("late", timeout=60) == {"approved": False}
 
@@ -118,14 +118,14 @@ def test_failure_compensates_and_fails_the_run(engine):
 
 
 def test_continue_as_new_chains_runs(engine):
-    client, log = engine.client, engine.log
+    client = engine.client
     client.start("countdown", 2, run_id="cd")
     assert client.result("cd", timeout=60) == "done at cd~2"
     assert client.get_run("cd~1").status == "completed"
 
 
 def test_bad_input_is_dead_lettered_and_never_blocks(engine, kafka_bootstrap, ns):
-    client, log = engine.client, engine.log
+    client = engine.client
     producer = Producer(client_config(kafka_bootstrap))
     codec = Codec.default()
     key = b"junk"
@@ -157,7 +157,7 @@ def test_bad_input_is_dead_lettered_and_never_blocks(engine, kafka_bootstrap, ns
 
 
 def test_lifecycle_stream_tells_the_whole_story(engine, kafka_bootstrap, ns):
-    client, log = engine.client, engine.log
+    client = engine.client
     client.start("sleepy", 0.2, run_id="story")
     assert client.result("story", timeout=60) == "rested"
     events = [r for _, r, _ in read_topic(kafka_bootstrap, f"{ns}.lifecycle")
