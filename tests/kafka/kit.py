@@ -45,13 +45,13 @@ def spawn_worker(bootstrap: str, ns: str, state_dir: Path, instance: str,
                 "PYTHONPATH": str(ROOT), **env}  # fmt: skip
     if step_log is not None:
         full_env["RUNSTREAM_TEST_STEP_LOG"] = str(step_log)
-    log = open(state_dir.parent / f"{instance}.log", "ab")  # noqa: SIM115 - lives with the process
-    return subprocess.Popen(
-        [sys.executable, "-m", "runstream.cli.main", "worker", "tests.kafka.flows:app",
-         "--instance", instance, "--state-dir", str(state_dir), "--partitions",
-         str(PARTITIONS)],
-        env=full_env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    with open(state_dir.parent / f"{instance}.log", "ab") as log:  # the child keeps its own fd
+        return subprocess.Popen(
+            [sys.executable, "-m", "runstream", "worker", "tests.kafka.flows:app",
+             "--instance", instance, "--state-dir", str(state_dir), "--partitions",
+             str(PARTITIONS)],
+            env=full_env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
 
 
 def kill(proc: subprocess.Popen[bytes]) -> None:
