@@ -77,7 +77,7 @@ def test_a_run_that_keeps_crashing_its_instance_goes_dead(kafka_bootstrap, ns, t
         for _ in range(3):  # the first attempt and two recoveries each kill the instance
             assert worker.wait(120) == -9
             worker = spawn_worker(kafka_bootstrap, ns, state, "w1", log, **env)
-        with pytest.raises(runstream.RunFailed, match="dead: .*interrupted 3 times"):
+        with pytest.raises(runstream.RunFailed, match=r"dead: .*interrupted 3 times"):
             client.result("poison", timeout=120)
         client.start("three_steps", 1, run_id="healthy")  # the instance carries on
         assert client.result("healthy", timeout=60) == 4
