@@ -25,8 +25,9 @@ class App:
     then the broker `runstream kafka up` started.
     """
 
-    def __init__(self, namespace: str, bootstrap: str | None = None, *,
-                 max_recovery_attempts: int = 3) -> None:  # fmt: skip
+    def __init__(
+        self, namespace: str, bootstrap: str | None = None, *, max_recovery_attempts: int = 3
+    ) -> None:
         from runstream.topics.spec import Topics
 
         Topics(namespace)  # validates the name now rather than at first use
@@ -40,8 +41,7 @@ class App:
     @overload
     def workflow(self, *, name: str | None = None, version: str = "1") -> Callable[[F], F]: ...
 
-    def workflow(self, fn: F | None = None, *, name: str | None = None,
-                 version: str = "1") -> Any:  # fmt: skip
+    def workflow(self, fn: F | None = None, *, name: str | None = None, version: str = "1") -> Any:
         """Register an ``async def (ctx, input)`` as a workflow; the name defaults to the
         function's. Register several versions under one name: new runs take the newest,
         running ones stay on theirs."""
@@ -57,13 +57,28 @@ class App:
     @overload
     def step(self, fn: F) -> F: ...
     @overload
-    def step(self, *, retries: int = 3, backoff: float = 1.0, max_backoff: float = 300.0,
-             non_retryable: tuple[type[BaseException], ...] = (), timeout: float | None = None,
-             name: str | None = None) -> Callable[[F], F]: ...  # fmt: skip
+    def step(
+        self,
+        *,
+        retries: int = 3,
+        backoff: float = 1.0,
+        max_backoff: float = 300.0,
+        non_retryable: tuple[type[BaseException], ...] = (),
+        timeout: float | None = None,
+        name: str | None = None,
+    ) -> Callable[[F], F]: ...
 
-    def step(self, fn: F | None = None, *, retries: int = 3, backoff: float = 1.0,
-             max_backoff: float = 300.0, non_retryable: tuple[type[BaseException], ...] = (),
-             timeout: float | None = None, name: str | None = None) -> Any:  # fmt: skip
+    def step(
+        self,
+        fn: F | None = None,
+        *,
+        retries: int = 3,
+        backoff: float = 1.0,
+        max_backoff: float = 300.0,
+        non_retryable: tuple[type[BaseException], ...] = (),
+        timeout: float | None = None,
+        name: str | None = None,
+    ) -> Any:
         """Declare a step's retry policy: ``retries`` more attempts with exponential
         ``backoff`` seconds; ``non_retryable`` exception types fail the run's step at once;
         ``timeout`` (seconds) bounds an ``async def`` step. Undecorated functions are

@@ -55,8 +55,9 @@ class Client:
         self.client_id = f"client-{uuid.uuid4().hex}"
         self.codec = Codec.default()
         base = client_config(self.bootstrap)
-        self._producer = Producer({**base, "enable.idempotence": True, "linger.ms": 0,
-                                   "partitioner": "murmur2_random"})  # fmt: skip
+        self._producer = Producer(
+            {**base, "enable.idempotence": True, "linger.ms": 0, "partitioner": "murmur2_random"}
+        )
         self._partitions = self._partition_count(self.topics.commands)
         self._reply_partitions = self._partition_count(self.topics.replies)
         self._lock = threading.RLock()
@@ -78,9 +79,16 @@ class Client:
             self._listener = None
 
     # -- commands --------------------------------------------------------------------
-    def start(self, workflow: str | Callable[..., Any], input: Any = None, *,
-              run_id: str | None = None, version: str | None = None,
-              tags: dict[str, str] | None = None, wait: bool = True) -> str:  # fmt: skip
+    def start(
+        self,
+        workflow: str | Callable[..., Any],
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        version: str | None = None,
+        tags: dict[str, str] | None = None,
+        wait: bool = True,
+    ) -> str:
         """Start a run and return its id. Idempotent by ``run_id``: starting an id that
         exists does nothing. ``wait=False`` returns before Kafka acknowledged it."""
         name = getattr(workflow, "__runstream_workflow__", workflow)
@@ -88,23 +96,45 @@ class Client:
             raise TypeError(f"{workflow!r} is not a registered workflow or a workflow name")
         run_id = run_id or uuid.uuid4().hex
         _check_run_id(run_id)
-        self._send(run_id, "StartRun", {
-            "run_id": run_id, "workflow": name, "input": payload.dumps(input),
-            "version": version, "parent_run_id": None, "tags": tags or {},
-            "sent_at_ms": _now_ms()}, wait)  # fmt: skip
+        self._send(
+            run_id,
+            "StartRun",
+            {
+                "run_id": run_id,
+                "workflow": name,
+                "input": payload.dumps(input),
+                "version": version,
+                "parent_run_id": None,
+                "tags": tags or {},
+                "sent_at_ms": _now_ms(),
+            },
+            wait,
+        )
         return run_id
 
-    def signal(self, run_id: str, name: str, value: Any = None, *,
-               signal_id: str | None = None) -> None:  # fmt: skip
+    def signal(
+        self, run_id: str, name: str, value: Any = None, *, signal_id: str | None = None
+    ) -> None:
         """Send signal ``name`` to a run; a signal id makes retries of this call count once."""
-        self._send(run_id, "Signal", {
-            "run_id": run_id, "name": name, "payload": payload.dumps(value),
-            "signal_id": signal_id or uuid.uuid4().hex, "sent_at_ms": _now_ms()})  # fmt: skip
+        self._send(
+            run_id,
+            "Signal",
+            {
+                "run_id": run_id,
+                "name": name,
+                "payload": payload.dumps(value),
+                "signal_id": signal_id or uuid.uuid4().hex,
+                "sent_at_ms": _now_ms(),
+            },
+        )
 
     def cancel(self, run_id: str, *, compensate: bool = False, reason: str = "") -> None:
         """Cancel a run (after its compensations if ``compensate``); a finished run stays."""
-        self._send(run_id, "Cancel", {"run_id": run_id, "compensate": compensate,
-                                      "reason": reason, "sent_at_ms": _now_ms()})  # fmt: skip
+        self._send(
+            run_id,
+            "Cancel",
+            {"run_id": run_id, "compensate": compensate, "reason": reason, "sent_at_ms": _now_ms()},
+        )
 
     # -- questions -------------------------------------------------------------------
     def get_run(self, run_id: str, timeout: float = 10.0) -> RunInfo:
@@ -112,8 +142,9 @@ class Client:
         with self._lock:
             info = self._ask(run_id, time.monotonic() + timeout, terminal=False)
         if info is None:
-            raise TimeoutError(f"no answer about run {run_id!r} within {timeout}s "
-                               "(is an engine instance running?)")  # fmt: skip
+            raise TimeoutError(
+                f"no answer about run {run_id!r} within {timeout}s (is an engine instance running?)"
+            )
         if not info["found"]:
             raise RunNotFound(f"no run {run_id!r} in namespace {self.namespace!r}")
         return _run_info(info)
@@ -140,8 +171,9 @@ class Client:
     # -- internals ---------------------------------------------------------------------
     def _send(self, run_id: str, name: str, rec: dict[str, Any], wait: bool = True) -> None:
         p = partition_for(run_id.encode(), self._partitions)
-        self._producer.produce(self.topics.commands, self.codec.encode(name, rec),
-                               run_id.encode(), partition=p)  # fmt: skip
+        self._producer.produce(
+            self.topics.commands, self.codec.encode(name, rec), run_id.encode(), partition=p
+        )
         if wait:
             if self._producer.flush(30) > 0:
                 raise TimeoutError(f"Kafka at {self.bootstrap} did not take the {name} command")
@@ -153,8 +185,11 @@ class Client:
         the answer (only a terminal one if ``terminal``), or None at the deadline."""
         self._listen(partition_for(run_id.encode(), self._partitions))
         request_id = uuid.uuid4().hex
-        self._send(run_id, "Query", {"run_id": run_id, "request_id": request_id,
-                                     "reply_to": self.client_id})  # fmt: skip
+        self._send(
+            run_id,
+            "Query",
+            {"run_id": run_id, "request_id": request_id, "reply_to": self.client_id},
+        )
         while True:
             end = self._recent.get(run_id) if terminal else None
             if end is not None:
@@ -169,10 +204,15 @@ class Client:
 
     def _listen(self, lifecycle_partition: int) -> None:
         if self._listener is None:
-            self._listener = Consumer({
-                **client_config(self.bootstrap), "group.id": self.client_id,
-                "enable.auto.commit": False, "isolation.level": "read_committed",
-                "fetch.wait.max.ms": 20})  # fmt: skip
+            self._listener = Consumer(
+                {
+                    **client_config(self.bootstrap),
+                    "group.id": self.client_id,
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "fetch.wait.max.ms": 20,
+                }
+            )
             p = partition_for(self.client_id.encode(), self._reply_partitions)
             self._listener.assign([self._from_end(self.topics.replies, p)])
         if lifecycle_partition not in self._listening:
@@ -208,8 +248,10 @@ class Client:
     def _partition_count(self, topic: str) -> int:
         md = self._producer.list_topics(topic, timeout=30).topics.get(topic)
         if md is None or md.error is not None or not md.partitions:
-            raise TopicError(f"topic {topic!r} does not exist: run `runstream topics create "
-                             f"{self.namespace}` or start an engine instance")  # fmt: skip
+            raise TopicError(
+                f"topic {topic!r} does not exist: run `runstream topics create "
+                f"{self.namespace}` or start an engine instance"
+            )
         return len(md.partitions)
 
 
@@ -229,12 +271,18 @@ def _run_info(info: dict[str, Any]) -> RunInfo:
         return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
 
     return RunInfo(
-        run_id=info["run_id"], status=info["status"], workflow=info["workflow"],
-        version=info["version"], input=payload.loads(info["input"]),
-        output=payload.loads(info["output"]), error=info["error"], reason=info["reason"],
-        started_at=ts(info["started_at_ms"]), ended_at=ts(info["ended_at_ms"]),
+        run_id=info["run_id"],
+        status=info["status"],
+        workflow=info["workflow"],
+        version=info["version"],
+        input=payload.loads(info["input"]),
+        output=payload.loads(info["output"]),
+        error=info["error"],
+        reason=info["reason"],
+        started_at=ts(info["started_at_ms"]),
+        ended_at=ts(info["ended_at_ms"]),
         steps=info["steps"],
-    )  # fmt: skip
+    )
 
 
 def _check_run_id(run_id: str) -> None:

@@ -102,8 +102,9 @@ class _Batch:
 class Worker:
     """Runs an App's workflows; ``run()`` blocks until SIGTERM/SIGINT or ``stop()``."""
 
-    def __init__(self, app: App, settings: WorkerSettings | None = None,
-                 bootstrap: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, app: App, settings: WorkerSettings | None = None, bootstrap: str | None = None
+    ) -> None:
         self.app = app
         self.settings = s = settings or WorkerSettings()
         self.instance_id = s.instance_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -139,8 +140,13 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop())
         self._connect()
-        log.info("instance %s of %s started on %s (%d partitions)", self.instance_id,
-                 self.app.namespace, self.bootstrap, self.partitions)  # fmt: skip
+        log.info(
+            "instance %s of %s started on %s (%d partitions)",
+            self.instance_id,
+            self.app.namespace,
+            self.bootstrap,
+            self.partitions,
+        )
         try:
             while not self._stopping.is_set():
                 self._restore_assigned()
@@ -170,27 +176,48 @@ class Worker:
             ensure_topics(self.bootstrap, ns, s.partitions)  # a new namespace
             self.partitions = check_copartitioned(self.bootstrap, ns)
         base = {**client_config(self.bootstrap), **s.kafka}
-        self._producer = Producer({
-            **base, "transactional.id": f"{ns}.engine.{self.instance_id}",
-            "transaction.timeout.ms": s.transaction_timeout_ms, "linger.ms": 1,
-            "partitioner": "murmur2_random", "on_delivery": self._delivered,
-        })  # fmt: skip
+        self._producer = Producer(
+            {
+                **base,
+                "transactional.id": f"{ns}.engine.{self.instance_id}",
+                "transaction.timeout.ms": s.transaction_timeout_ms,
+                "linger.ms": 1,
+                "partitioner": "murmur2_random",
+                "on_delivery": self._delivered,
+            }
+        )
         self.producer.init_transactions(60)
         static = {"group.instance.id": self.instance_id} if s.instance_id else {}
-        self._consumer = Consumer({
-            **base, **static, "group.id": f"{ns}.engine", "enable.auto.commit": False,
-            "isolation.level": "read_committed", "auto.offset.reset": "earliest",
-            "partition.assignment.strategy": "cooperative-sticky",
-            "session.timeout.ms": s.session_timeout_ms, "fetch.wait.max.ms": 50,
-            "client.id": f"{ns}.engine.{self.instance_id}",
-        })  # fmt: skip
-        self._restorer = Consumer({
-            **base, "group.id": f"{ns}.restore", "enable.auto.commit": False,
-            "isolation.level": "read_committed", "enable.partition.eof": True,
-            "fetch.wait.max.ms": 50,
-        })  # fmt: skip
-        self.consumer.subscribe([self.topics.commands], on_assign=self._on_assign,
-                                on_revoke=self._on_revoke, on_lost=self._on_revoke)  # fmt: skip
+        self._consumer = Consumer(
+            {
+                **base,
+                **static,
+                "group.id": f"{ns}.engine",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+                "partition.assignment.strategy": "cooperative-sticky",
+                "session.timeout.ms": s.session_timeout_ms,
+                "fetch.wait.max.ms": 50,
+                "client.id": f"{ns}.engine.{self.instance_id}",
+            }
+        )
+        self._restorer = Consumer(
+            {
+                **base,
+                "group.id": f"{ns}.restore",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                "fetch.wait.max.ms": 50,
+            }
+        )
+        self.consumer.subscribe(
+            [self.topics.commands],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_revoke,
+        )
 
     def _close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -235,8 +262,9 @@ class Worker:
             self._requeued += [("recover", p, owned.generation, r) for r in store.running()]
             self._requeued += [("resume", p, owned.generation, r) for r in store.parked()]
             self.consumer.resume([tp])
-            log.info("partition %d restored: %d facts in %.2fs", p, facts,
-                     time.monotonic() - started)  # fmt: skip
+            log.info(
+                "partition %d restored: %d facts in %.2fs", p, facts, time.monotonic() - started
+            )
 
     def _catch_up(self, p: int, store: PartitionStore) -> int:
         """Apply journal partition p from the projection's offset to its (stable) end."""
@@ -337,11 +365,26 @@ class Worker:
             batch.raw.append((self.topics.commands, expected, run_id.encode(), value))
             return
         state = batch.state(self._owned, p, run_id)
-        self._decide(batch, p, state, lambda: handler(self, batch, state, rec, now), msg, now,
-                     workflow=rec.get("workflow", ""))  # fmt: skip
+        self._decide(
+            batch,
+            p,
+            state,
+            lambda: handler(self, batch, state, rec, now),
+            msg,
+            now,
+            workflow=rec.get("workflow", ""),
+        )
 
-    def _decide(self, batch: _Batch, p: int, state: RunState, decision: Callable[[], None],
-                msg: Message | None, now: int, workflow: str = "") -> None:  # fmt: skip
+    def _decide(
+        self,
+        batch: _Batch,
+        p: int,
+        state: RunState,
+        decision: Callable[[], None],
+        msg: Message | None,
+        now: int,
+        workflow: str = "",
+    ) -> None:
         """Run one decision; if it raises, undo its effects and dead-letter its cause."""
         mark, snapshot = batch.effects.mark(), state.copy()
         try:
@@ -351,8 +394,14 @@ class Worker:
             self._dead_letter(batch, msg, str(exc), now, state.run_id)
             if not isinstance(exc, RunNotFound):
                 ev = lifecycle.rejected(state.run_id, now, workflow, str(exc))
-                batch.raw.append((self.topics.lifecycle, p, state.run_id.encode(),
-                                  self.codec.encode("LifecycleEvent", ev)))  # fmt: skip
+                batch.raw.append(
+                    (
+                        self.topics.lifecycle,
+                        p,
+                        state.run_id.encode(),
+                        self.codec.encode("LifecycleEvent", ev),
+                    )
+                )
         except Exception as exc:  # a bug must not block the partition: park the cause
             log.exception("decision failed for run %s", state.run_id)
             self._undo(batch, state.run_id, mark, snapshot)
@@ -385,14 +434,19 @@ class Worker:
                 fn = lambda: self.decider.resume(state, now, batch.effects)  # noqa: E731
         self._decide(batch, p, state, fn, None, now)
 
-    def _dead_letter(self, batch: _Batch, msg: Message | None, reason: str, now: int,
-                     run_id: str | None = None) -> None:  # fmt: skip
+    def _dead_letter(
+        self, batch: _Batch, msg: Message | None, reason: str, now: int, run_id: str | None = None
+    ) -> None:
         rec = {
-            "reason": reason, "source_topic": msg.topic() if msg else self.topics.journal,
-            "partition": msg.partition() if msg else -1, "offset": msg.offset() if msg else -1,
-            "key": msg.key() if msg else None, "value": msg.value() if msg else None,
-            "run_id": run_id, "at_ms": now,
-        }  # fmt: skip
+            "reason": reason,
+            "source_topic": msg.topic() if msg else self.topics.journal,
+            "partition": msg.partition() if msg else -1,
+            "offset": msg.offset() if msg else -1,
+            "key": msg.key() if msg else None,
+            "value": msg.value() if msg else None,
+            "run_id": run_id,
+            "at_ms": now,
+        }
         log.warning("dead letter: %s", reason)
         key = msg.key() if msg else (run_id or "").encode()
         batch.raw.append((self.topics.dlq, None, key, self.codec.encode("DeadLetter", rec)))
@@ -415,16 +469,26 @@ class Worker:
                 self._produce(topics.journal, p, run_id.encode(), data)
             for ev in fx.lifecycle:
                 run_id = ev["run_id"]
-                self._produce(topics.lifecycle, batch.runs[run_id][0], run_id.encode(),
-                              encode("LifecycleEvent", ev))  # fmt: skip
+                self._produce(
+                    topics.lifecycle,
+                    batch.runs[run_id][0],
+                    run_id.encode(),
+                    encode("LifecycleEvent", ev),
+                )
             for key, name, rec in fx.commands:
-                self._produce(topics.commands, partition_for(key.encode(), self.partitions),
-                              key.encode(), encode(name, rec))  # fmt: skip
+                self._produce(
+                    topics.commands,
+                    partition_for(key.encode(), self.partitions),
+                    key.encode(),
+                    encode(name, rec),
+                )
             for topic, partition, key, value in batch.raw:
                 self._produce(topic, partition, key, value)
             if batch.consumed:
-                offsets = [TopicPartition(topics.commands, p, last + 1)
-                           for p, (_, last) in batch.consumed.items()]  # fmt: skip
+                offsets = [
+                    TopicPartition(topics.commands, p, last + 1)
+                    for p, (_, last) in batch.consumed.items()
+                ]
                 producer.send_offsets_to_transaction(
                     offsets, self.consumer.consumer_group_metadata(), 30
                 )
@@ -499,15 +563,21 @@ class Worker:
                 result = step.fn(*task.args)
             output = payload.dumps(result)
             if len(output) > MAX_PAYLOAD_BYTES:
-                raise TerminalStepError(f"step output is {len(output)} bytes; the limit is "
-                                        f"{MAX_PAYLOAD_BYTES}")  # fmt: skip
+                raise TerminalStepError(
+                    f"step output is {len(output)} bytes; the limit is {MAX_PAYLOAD_BYTES}"
+                )
             outcome = StepOutcome(task.run_id, task.seq, task.attempt, True, output)
         except BaseException as exc:
             final = (TerminalStepError, *step.policy.non_retryable)
-            outcome = StepOutcome(task.run_id, task.seq, task.attempt, False,
-                                  error=f"{type(exc).__name__}: {exc}",
-                                  traceback=traceback.format_exc(),
-                                  retryable=not isinstance(exc, final))  # fmt: skip
+            outcome = StepOutcome(
+                task.run_id,
+                task.seq,
+                task.attempt,
+                False,
+                error=f"{type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(),
+                retryable=not isinstance(exc, final),
+            )
         outcome.duration_ms = int((time.monotonic() - started) * 1000)
         self._outcomes.put((p, gen, task, outcome))
 
@@ -531,10 +601,16 @@ def _cancel(w: Worker, batch: _Batch, state: RunState, rec: dict[str, Any], now:
     w.decider.cancel(state, rec, now, batch.effects)
 
 
-def _step_result(w: Worker, batch: _Batch, state: RunState, rec: dict[str, Any],
-                 now: int) -> None:  # fmt: skip
-    o = StepOutcome(rec["run_id"], rec["seq"], rec["attempt"], rec["ok"], rec["output"],
-                    rec["error"], rec["traceback"])  # fmt: skip
+def _step_result(w: Worker, batch: _Batch, state: RunState, rec: dict[str, Any], now: int) -> None:
+    o = StepOutcome(
+        rec["run_id"],
+        rec["seq"],
+        rec["attempt"],
+        rec["ok"],
+        rec["output"],
+        rec["error"],
+        rec["traceback"],
+    )
     w.decider.step_outcome(state, o, None, now, batch.effects)
 
 

@@ -37,8 +37,11 @@ def test_two_instances_one_sigkilled_mid_flight(kafka_bootstrap, ns, tmp_path):
         for i in range(runs):
             client.start("sleepy", 1.0, run_id=f"run-{i}", wait=False)
         client.start("sleepy", 1.0, run_id="probe")  # flushes the others too
-        wait_for(lambda: log.exists() and len(log.read_text().splitlines()) >= runs // 2,
-                 timeout=120, what="half the first steps")  # fmt: skip
+        wait_for(
+            lambda: log.exists() and len(log.read_text().splitlines()) >= runs // 2,
+            timeout=120,
+            what="half the first steps",
+        )
         kill(w1)  # mid-flight: first steps running, many runs asleep
         killed_at = time.monotonic()
         results = {f"run-{i}": client.result(f"run-{i}", timeout=180) for i in range(runs)}
@@ -61,8 +64,10 @@ def test_two_instances_one_sigkilled_mid_flight(kafka_bootstrap, ns, tmp_path):
     # Only a step whose first run was in flight in the killed process may run again.
     assert all((run, TICK_SEQ[int(n)]) in recovered for run, n in twice)
     assert all(n == 2 for n in twice.values())
-    print(f"\n{len(twice)} step bodies ran twice (in flight at the kill); "
-          f"all {runs} runs finished {recovered_in:.1f}s after the kill")  # fmt: skip
+    print(
+        f"\n{len(twice)} step bodies ran twice (in flight at the kill); "
+        f"all {runs} runs finished {recovered_in:.1f}s after the kill"
+    )
 
 
 def test_a_run_that_keeps_crashing_its_instance_goes_dead(kafka_bootstrap, ns, tmp_path):

@@ -129,14 +129,18 @@ def test_bad_input_is_dead_lettered_and_never_blocks(engine, kafka_bootstrap, ns
     producer = Producer(client_config(kafka_bootstrap))
     codec = Codec.default()
     key = b"junk"
-    producer.produce(f"{ns}.commands", b"\x00not avro at all", key,
-                     partition=partition_for(key, PARTITIONS))  # fmt: skip
+    producer.produce(
+        f"{ns}.commands", b"\x00not avro at all", key, partition=partition_for(key, PARTITIONS)
+    )
     producer.flush(10)
     client.start("no_such_workflow", {}, run_id="unknown-wf")
     client.start("checkout", {"id": "not a number"}, run_id="bad-input")
-    producer.produce(f"{ns}.commands", codec.encode("RunCancelled", {
-        "run_id": "x", "at_ms": 0, "reason": ""}), b"x",
-        partition=partition_for(b"x", PARTITIONS))  # a fact is not a command  # fmt: skip
+    producer.produce(
+        f"{ns}.commands",
+        codec.encode("RunCancelled", {"run_id": "x", "at_ms": 0, "reason": ""}),
+        b"x",
+        partition=partition_for(b"x", PARTITIONS),
+    )  # a fact is not a command
     producer.flush(10)
     client.start("three_steps", 1, run_id="after")  # the partitions keep going
     assert client.result("after", timeout=60) == 4
@@ -151,8 +155,11 @@ def test_bad_input_is_dead_lettered_and_never_blocks(engine, kafka_bootstrap, ns
     assert "undecodable" in junk["reason"] and junk["source_topic"] == f"{ns}.commands"
     assert junk["offset"] >= 0 and junk["key"] == b"junk"
     assert any("RunCancelled is not a command" in r["reason"] for _, r, _ in dlq)
-    rejected = {r["run_id"] for n, r, _ in read_topic(kafka_bootstrap, f"{ns}.lifecycle")
-                if r.get("type") == "run.rejected"}  # fmt: skip
+    rejected = {
+        r["run_id"]
+        for n, r, _ in read_topic(kafka_bootstrap, f"{ns}.lifecycle")
+        if r.get("type") == "run.rejected"
+    }
     assert {"unknown-wf", "bad-input"} <= rejected
 
 
@@ -160,8 +167,9 @@ def test_lifecycle_stream_tells_the_whole_story(engine, kafka_bootstrap, ns):
     client = engine.client
     client.start("sleepy", 0.2, run_id="story")
     assert client.result("story", timeout=60) == "rested"
-    events = [r for _, r, _ in read_topic(kafka_bootstrap, f"{ns}.lifecycle")
-              if r["run_id"] == "story"]  # fmt: skip
+    events = [
+        r for _, r, _ in read_topic(kafka_bootstrap, f"{ns}.lifecycle") if r["run_id"] == "story"
+    ]
     types = [e["type"] for e in events]
     assert types[0] == "run.started" and types[-1] == "run.completed"
     assert types.count("step.completed") == 3 and "run.suspended" in types
@@ -202,8 +210,10 @@ def test_versions_are_pinned_and_unknown_versions_park(kafka_bootstrap, ns, tmp_
     client.signal("new", "go", "yo")
     assert client.result("new", timeout=60) == "v2 got yo"
     lifecycle = read_topic(kafka_bootstrap, f"{ns}.lifecycle")
-    assert any(r["type"] == "run.suspended" and "not registered" in (r["reason"] or "")
-               for _, r, _ in lifecycle)  # fmt: skip
+    assert any(
+        r["type"] == "run.suspended" and "not registered" in (r["reason"] or "")
+        for _, r, _ in lifecycle
+    )
     client.close()
     worker.stop()
 

@@ -47,13 +47,23 @@ class Core:
             self.run_step(self.queued.pop(0))
 
     def start(self, run_id: str, workflow: str, value: Any = None, version: str | None = None):
-        cmd = {"run_id": run_id, "workflow": workflow, "input": payload.dumps(value),
-               "version": version, "parent_run_id": None, "tags": {}}  # fmt: skip
+        cmd = {
+            "run_id": run_id,
+            "workflow": workflow,
+            "input": payload.dumps(value),
+            "version": version,
+            "parent_run_id": None,
+            "tags": {},
+        }
         self._do(self.decider.start, run_id, cmd)
 
     def signal(self, run_id: str, name: str, value: Any, signal_id: str = "") -> None:
-        cmd = {"run_id": run_id, "name": name, "payload": payload.dumps(value),
-               "signal_id": signal_id or f"{name}-{len(self.journal)}"}  # fmt: skip
+        cmd = {
+            "run_id": run_id,
+            "name": name,
+            "payload": payload.dumps(value),
+            "signal_id": signal_id or f"{name}-{len(self.journal)}",
+        }
         self._do(self.decider.signal, run_id, cmd)
 
     def cancel(self, run_id: str, compensate: bool = False) -> None:
@@ -64,9 +74,15 @@ class Core:
             result = task.step.fn(*task.args)
             o = StepOutcome(task.run_id, task.seq, task.attempt, True, payload.dumps(result))
         except Exception as exc:
-            o = StepOutcome(task.run_id, task.seq, task.attempt, False, error=repr(exc),
-                            traceback=traceback.format_exc(),
-                            retryable=not isinstance(exc, TerminalStepError))  # fmt: skip
+            o = StepOutcome(
+                task.run_id,
+                task.seq,
+                task.attempt,
+                False,
+                error=repr(exc),
+                traceback=traceback.format_exc(),
+                retryable=not isinstance(exc, TerminalStepError),
+            )
         out = Effects()
         self.decider.step_outcome(self.state(task.run_id), o, task.step, self.now, out)
         self._absorb(out)
@@ -75,8 +91,12 @@ class Core:
         """Move the fake clock and fire everything due, in due order."""
         self.now += int(seconds * 1000)
         while True:
-            due = sorted((d, rid, s) for rid, st in self.states.items() for d, s in st.timers()
-                         if d <= self.now)  # fmt: skip
+            due = sorted(
+                (d, rid, s)
+                for rid, st in self.states.items()
+                for d, s in st.timers()
+                if d <= self.now
+            )
             if not due:
                 return
             _, rid, seq = due[0]

@@ -29,8 +29,10 @@ class _Cli(click.Group):
 @click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG level.")
 def cli(verbose: bool) -> None:
     """Runstream: durable workflows whose only database is Kafka."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
 
 
 cli.add_command(kafka)
@@ -49,20 +51,39 @@ def load_app(target: str) -> Any:
 
 @cli.command()
 @click.argument("target")
-@click.option("--instance", default="", help="Stable instance id (names its state dir and "
-              "transactional id). Default: host name and PID.")  # fmt: skip
-@click.option("--state-dir", default="./state", type=click.Path(path_type=Path),
-              show_default=True, help="Where the RocksDB projections live.")  # fmt: skip
-@click.option("--partitions", default=12, show_default=True,
-              help="Partition count if this instance creates the namespace's topics.")  # fmt: skip
+@click.option(
+    "--instance",
+    default="",
+    help="Stable instance id (names its state dir and "
+    "transactional id). Default: host name and PID.",
+)
+@click.option(
+    "--state-dir",
+    default="./state",
+    type=click.Path(path_type=Path),
+    show_default=True,
+    help="Where the RocksDB projections live.",
+)
+@click.option(
+    "--partitions",
+    default=12,
+    show_default=True,
+    help="Partition count if this instance creates the namespace's topics.",
+)
 @click.option("--concurrency", default=16, show_default=True, help="Local steps at once.")
 def worker(target: str, instance: str, state_dir: Path, partitions: int, concurrency: int) -> None:
     """Run an engine instance for the App at MODULE:APP until SIGTERM."""
     from runstream.worker import WorkerSettings
 
     app = load_app(target)
-    app.worker(WorkerSettings(instance_id=instance, state_dir=state_dir, partitions=partitions,
-                              step_concurrency=concurrency)).run()  # fmt: skip
+    app.worker(
+        WorkerSettings(
+            instance_id=instance,
+            state_dir=state_dir,
+            partitions=partitions,
+            step_concurrency=concurrency,
+        )
+    ).run()
 
 
 def _client(namespace: str, bootstrap: str | None) -> Any:
@@ -91,8 +112,16 @@ def _json(value: str | None) -> Any:
 @click.option("--version", default=None, help="Pin a workflow version (default: the newest).")
 @click.option("--wait", is_flag=True, help="Wait for the result and print it.")
 @click.option("--timeout", default=60.0, show_default=True)
-def start(workflow: str, input: str | None, namespace: str, bootstrap: str | None,
-          run_id: str | None, version: str | None, wait: bool, timeout: float) -> None:  # fmt: skip
+def start(
+    workflow: str,
+    input: str | None,
+    namespace: str,
+    bootstrap: str | None,
+    run_id: str | None,
+    version: str | None,
+    wait: bool,
+    timeout: float,
+) -> None:
     """Start WORKFLOW with INPUT (JSON); prints the run id."""
     with _client(namespace, bootstrap) as client:
         rid = client.start(workflow, _json(input), run_id=run_id, version=version)
@@ -107,8 +136,9 @@ def start(workflow: str, input: str | None, namespace: str, bootstrap: str | Non
 @click.argument("payload", required=False)
 @_ns
 @_bootstrap
-def signal(run_id: str, name: str, payload: str | None, namespace: str,
-           bootstrap: str | None) -> None:  # fmt: skip
+def signal(
+    run_id: str, name: str, payload: str | None, namespace: str, bootstrap: str | None
+) -> None:
     """Send signal NAME with PAYLOAD (JSON) to RUN_ID."""
     with _client(namespace, bootstrap) as client:
         client.signal(run_id, name, _json(payload))
@@ -131,8 +161,9 @@ def result(run_id: str, namespace: str, bootstrap: str | None, timeout: float) -
 @_bootstrap
 @click.option("--compensate", is_flag=True, help="Run the compensations first.")
 @click.option("--reason", default="", help="Recorded with the cancellation.")
-def cancel(run_id: str, namespace: str, bootstrap: str | None, compensate: bool,
-           reason: str) -> None:  # fmt: skip
+def cancel(
+    run_id: str, namespace: str, bootstrap: str | None, compensate: bool, reason: str
+) -> None:
     """Cancel RUN_ID."""
     with _client(namespace, bootstrap) as client:
         client.cancel(run_id, compensate=compensate, reason=reason)

@@ -66,12 +66,17 @@ class Effects:
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
 
     def mark(self) -> tuple[int, ...]:
-        return tuple(len(x) for x in (self.facts, self.lifecycle, self.steps, self.commands,
-                                       self.dead_letters))  # fmt: skip
+        return tuple(
+            len(x)
+            for x in (self.facts, self.lifecycle, self.steps, self.commands, self.dead_letters)
+        )
 
     def rollback(self, mark: tuple[int, ...]) -> None:
-        for lst, n in zip((self.facts, self.lifecycle, self.steps, self.commands,
-                           self.dead_letters), mark, strict=True):  # fmt: skip
+        for lst, n in zip(
+            (self.facts, self.lifecycle, self.steps, self.commands, self.dead_letters),
+            mark,
+            strict=True,
+        ):
             del lst[n:]
 
 
@@ -100,9 +105,17 @@ class Decider:
                 wf.parse_input(json.loads(cmd["input"] or b"null"))
             except ValueError as exc:  # JSONDecodeError included
                 raise InvalidInput(f"input of workflow {wf.name!r} is not valid: {exc}") from exc
-        self._emit(state, out, "RunStarted", now, workflow=cmd["workflow"], version=version,
-                   input=cmd["input"], parent_run_id=cmd.get("parent_run_id"),
-                   tags=cmd.get("tags") or {})  # fmt: skip
+        self._emit(
+            state,
+            out,
+            "RunStarted",
+            now,
+            workflow=cmd["workflow"],
+            version=version,
+            input=cmd["input"],
+            parent_run_id=cmd.get("parent_run_id"),
+            tags=cmd.get("tags") or {},
+        )
         self._advance(state, now, out)
 
     def signal(self, state: RunState, cmd: dict[str, Any], now: int, out: Effects) -> None:
@@ -110,15 +123,33 @@ class Decider:
             raise RunNotFound(f"signal {cmd['name']!r} for unknown run {state.run_id!r}")
         if state.terminal or cmd["signal_id"] in state.signal_ids:
             return  # a finished run takes no signals; a redelivered signal counts once
-        waiting = [s for s, f in state.pending.items()
-                   if f.name == "SignalAwaited" and f.rec["name"] == cmd["name"]]  # fmt: skip
+        waiting = [
+            s
+            for s, f in state.pending.items()
+            if f.name == "SignalAwaited" and f.rec["name"] == cmd["name"]
+        ]
         if waiting and state.status != PARKED and state.compensation is None:
-            self._emit(state, out, "SignalReceived", now, seq=min(waiting), name=cmd["name"],
-                       payload=cmd["payload"], signal_id=cmd["signal_id"])  # fmt: skip
+            self._emit(
+                state,
+                out,
+                "SignalReceived",
+                now,
+                seq=min(waiting),
+                name=cmd["name"],
+                payload=cmd["payload"],
+                signal_id=cmd["signal_id"],
+            )
             self._advance(state, now, out)
         else:
-            self._emit(state, out, "SignalBuffered", now, name=cmd["name"],
-                       payload=cmd["payload"], signal_id=cmd["signal_id"])  # fmt: skip
+            self._emit(
+                state,
+                out,
+                "SignalBuffered",
+                now,
+                name=cmd["name"],
+                payload=cmd["payload"],
+                signal_id=cmd["signal_id"],
+            )
 
     def cancel(self, state: RunState, cmd: dict[str, Any], now: int, out: Effects) -> None:
         if not state.exists:
@@ -130,29 +161,55 @@ class Decider:
             wf = self.registry.get(state.workflow, state.version)
             done = replay(wf, state, self.registry, now).compensations if wf else []
             if done:
-                self._emit(state, out, "CompensationStarted", now, error=reason, traceback="",
-                           cancelled=True)  # fmt: skip
+                self._emit(
+                    state,
+                    out,
+                    "CompensationStarted",
+                    now,
+                    error=reason,
+                    traceback="",
+                    cancelled=True,
+                )
                 self._compensate(state, done, now, out)
                 return
         self._emit(state, out, "RunCancelled", now, reason=reason)
 
-    def step_outcome(self, state: RunState, o: StepOutcome, policy_of: StepDef | None,
-                     now: int, out: Effects) -> None:  # fmt: skip
+    def step_outcome(
+        self, state: RunState, o: StepOutcome, policy_of: StepDef | None, now: int, out: Effects
+    ) -> None:
         """A step attempt ended. Stale outcomes (an older attempt, a finished run) are dropped."""
         started = state.pending.get(o.seq)
         if started is None or started.name != "StepStarted" or started.rec["attempt"] != o.attempt:
             return
         name = started.rec["name"]
         if o.ok:
-            self._emit(state, out, "StepCompleted", now, seq=o.seq, name=name, output=o.output,
-                       attempt=o.attempt, duration_ms=o.duration_ms)  # fmt: skip
+            self._emit(
+                state,
+                out,
+                "StepCompleted",
+                now,
+                seq=o.seq,
+                name=name,
+                output=o.output,
+                attempt=o.attempt,
+                duration_ms=o.duration_ms,
+            )
         else:
             policy = (policy_of or self.registry.step_by_name(name)).policy
             retry = o.retryable and o.attempt <= policy.retries
             retry_at = now + int(policy.delay(o.attempt) * 1000) if retry else None
-            self._emit(state, out, "StepFailed", now, seq=o.seq, name=name, attempt=o.attempt,
-                       error=o.error or "", traceback=o.traceback or "",
-                       retry_at_ms=retry_at)  # fmt: skip
+            self._emit(
+                state,
+                out,
+                "StepFailed",
+                now,
+                seq=o.seq,
+                name=name,
+                attempt=o.attempt,
+                error=o.error or "",
+                traceback=o.traceback or "",
+                retry_at_ms=retry_at,
+            )
             if retry:
                 return
         self._advance(state, now, out)
@@ -177,16 +234,25 @@ class Decider:
             return
         if state.recoveries >= self.max_recovery_attempts:
             names = ", ".join(state.pending[s].rec["name"] for s in seqs)
-            reason = (f"step {names} was interrupted {state.recoveries + 1} times; "
-                      f"max_recovery_attempts={self.max_recovery_attempts}")  # fmt: skip
+            reason = (
+                f"step {names} was interrupted {state.recoveries + 1} times; "
+                f"max_recovery_attempts={self.max_recovery_attempts}"
+            )
             self._emit(state, out, "RunDead", now, reason=reason)
             out.dead_letters.append({"run_id": state.run_id, "reason": f"run dead: {reason}"})
             return
         for seq in seqs:
             self._emit(state, out, "RunRecovered", now, seq=seq, recoveries=state.recoveries + 1)
             started = state.pending[seq].rec
-            self._emit(state, out, "StepStarted", now, seq=seq, name=started["name"],
-                       attempt=started["attempt"] + 1)  # fmt: skip
+            self._emit(
+                state,
+                out,
+                "StepStarted",
+                now,
+                seq=seq,
+                name=started["name"],
+                attempt=started["attempt"] + 1,
+            )
         self._advance(state, now, out, relaunch=frozenset(seqs))
 
     def resume(self, state: RunState, now: int, out: Effects) -> None:
@@ -195,14 +261,20 @@ class Decider:
             self._advance(state, now, out)
 
     # -- the core loop ---------------------------------------------------------------
-    def _advance(self, state: RunState, now: int, out: Effects,
-                 relaunch: frozenset[int] = frozenset()) -> None:  # fmt: skip
+    def _advance(
+        self, state: RunState, now: int, out: Effects, relaunch: frozenset[int] = frozenset()
+    ) -> None:
         """Replay the workflow and record what it does next, until it waits or ends."""
         while not state.terminal:
             wf = self.registry.get(state.workflow, state.version)
             if wf is None:
-                self._park(state, now, out, f"workflow {state.workflow!r} version "
-                           f"{state.version!r} is not registered on this instance")  # fmt: skip
+                self._park(
+                    state,
+                    now,
+                    out,
+                    f"workflow {state.workflow!r} version "
+                    f"{state.version!r} is not registered on this instance",
+                )
                 return
             result = replay(wf, state, self.registry, now)
             for fact in result.new_facts:
@@ -213,24 +285,44 @@ class Decider:
             if not self._follow(state, result, now, out, relaunch):
                 return
 
-    def _follow(self, state: RunState, result: Replay, now: int, out: Effects,
-                relaunch: frozenset[int]) -> bool:  # fmt: skip
+    def _follow(
+        self, state: RunState, result: Replay, now: int, out: Effects, relaunch: frozenset[int]
+    ) -> bool:
         """Record the consequence of one replay; True when the workflow can go further now."""
         match result.outcome:
             case Completed(output):
-                self._emit(state, out, "RunCompleted", now, output=payload.dumps(output),
-                           continued_as=None)  # fmt: skip
+                self._emit(
+                    state, out, "RunCompleted", now, output=payload.dumps(output), continued_as=None
+                )
             case ContinuedAsNew(new_input):
                 new_id = _next_run_id(state.run_id)
                 self._emit(state, out, "RunCompleted", now, output=b"null", continued_as=new_id)
-                out.commands.append((new_id, "StartRun", {
-                    "run_id": new_id, "workflow": state.workflow, "input":
-                    payload.dumps(new_input), "version": None, "parent_run_id":
-                    state.parent_run_id, "tags": state.tags, "sent_at_ms": now}))  # fmt: skip
+                out.commands.append(
+                    (
+                        new_id,
+                        "StartRun",
+                        {
+                            "run_id": new_id,
+                            "workflow": state.workflow,
+                            "input": payload.dumps(new_input),
+                            "version": None,
+                            "parent_run_id": state.parent_run_id,
+                            "tags": state.tags,
+                            "sent_at_ms": now,
+                        },
+                    )
+                )
             case Failed(error, tb):
                 if result.compensations:
-                    self._emit(state, out, "CompensationStarted", now, error=error,
-                               traceback=tb, cancelled=False)  # fmt: skip
+                    self._emit(
+                        state,
+                        out,
+                        "CompensationStarted",
+                        now,
+                        error=error,
+                        traceback=tb,
+                        cancelled=False,
+                    )
                     self._compensate(state, result.compensations, now, out)
                 else:
                     self._emit(state, out, "RunFailed", now, error=error, traceback=tb)
@@ -240,8 +332,9 @@ class Decider:
                 self._run_step(state, seq, step, args, now, out, relaunch)
             case Blocked(SleepCall(seq, secs)):
                 if seq not in state.pending:
-                    self._emit(state, out, "TimerScheduled", now, seq=seq,
-                               due_ms=now + int(secs * 1000))  # fmt: skip
+                    self._emit(
+                        state, out, "TimerScheduled", now, seq=seq, due_ms=now + int(secs * 1000)
+                    )
             case Blocked(SignalWait(seq, name, timeout)):
                 if seq in state.pending:
                     return False
@@ -259,12 +352,21 @@ class Decider:
                     )
                     return True
                 timeout_at = None if timeout is None else now + int(timeout * 1000)
-                self._emit(state, out, "SignalAwaited", now, seq=seq, name=name,
-                           timeout_at_ms=timeout_at)  # fmt: skip
+                self._emit(
+                    state, out, "SignalAwaited", now, seq=seq, name=name, timeout_at_ms=timeout_at
+                )
         return False
 
-    def _run_step(self, state: RunState, seq: int, step: StepDef, args: tuple[Any, ...],
-                  now: int, out: Effects, relaunch: frozenset[int]) -> None:  # fmt: skip
+    def _run_step(
+        self,
+        state: RunState,
+        seq: int,
+        step: StepDef,
+        args: tuple[Any, ...],
+        now: int,
+        out: Effects,
+        relaunch: frozenset[int],
+    ) -> None:
         fact = state.pending.get(seq)
         if fact is None:
             attempt = 1
@@ -278,8 +380,14 @@ class Decider:
         self._emit(state, out, "StepStarted", now, seq=seq, name=step.name, attempt=attempt)
         out.steps.append(StepTask(state.run_id, seq, attempt, step, args))
 
-    def _compensate(self, state: RunState, done: list[tuple[StepDef, tuple[Any, ...]]],
-                    now: int, out: Effects, relaunch: frozenset[int] = frozenset()) -> None:  # fmt: skip
+    def _compensate(
+        self,
+        state: RunState,
+        done: list[tuple[StepDef, tuple[Any, ...]]],
+        now: int,
+        out: Effects,
+        relaunch: frozenset[int] = frozenset(),
+    ) -> None:
         """Run the compensations of completed steps, newest first, as steps -1, -2, ..."""
         for k, (step, args) in enumerate(reversed(done)):
             seq = -(k + 1)
@@ -287,16 +395,24 @@ class Decider:
                 continue
             self._run_step(state, seq, step, args, now, out, relaunch)
             return
-        failures = [f"compensation {f.rec['name']!r} failed: {f.rec['error']}"
-                    for s, f in sorted(state.resolved.items(), reverse=True)
-                    if s < 0 and f.name == "StepFailed"]  # fmt: skip
+        failures = [
+            f"compensation {f.rec['name']!r} failed: {f.rec['error']}"
+            for s, f in sorted(state.resolved.items(), reverse=True)
+            if s < 0 and f.name == "StepFailed"
+        ]
         c = state.compensation
         assert c is not None
         if c["cancelled"]:
             self._emit(state, out, "RunCancelled", now, reason="; ".join([c["error"], *failures]))
         else:
-            self._emit(state, out, "RunFailed", now, error="; ".join([c["error"], *failures]),
-                       traceback=c["traceback"])  # fmt: skip
+            self._emit(
+                state,
+                out,
+                "RunFailed",
+                now,
+                error="; ".join([c["error"], *failures]),
+                traceback=c["traceback"],
+            )
 
     def _park(self, state: RunState, now: int, out: Effects, reason: str) -> None:
         if not (state.status == PARKED and state.reason == reason):
@@ -318,14 +434,20 @@ class Decider:
 def run_info(state: RunState, request_id: str) -> dict[str, Any]:
     """The answer to a Query (RunInfo.avsc)."""
     return {
-        "request_id": request_id, "run_id": state.run_id, "found": state.exists,
-        "status": state.status if state.exists else "", "workflow": state.workflow,
-        "version": state.version, "input": state.input if state.exists else None,
-        "output": state.output, "error": state.error,
+        "request_id": request_id,
+        "run_id": state.run_id,
+        "found": state.exists,
+        "status": state.status if state.exists else "",
+        "workflow": state.workflow,
+        "version": state.version,
+        "input": state.input if state.exists else None,
+        "output": state.output,
+        "error": state.error,
         "reason": f"continued as {state.continued_as}" if state.continued_as else state.reason,
         "started_at_ms": state.started_at_ms if state.exists else None,
-        "ended_at_ms": state.ended_at_ms, "steps": state.steps,
-    }  # fmt: skip
+        "ended_at_ms": state.ended_at_ms,
+        "steps": state.steps,
+    }
 
 
 def _next_run_id(run_id: str) -> str:

@@ -5,6 +5,7 @@ Documented in the README as a contract; fields are those of LifecycleEvent.avsc.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from runstream.engine.state import Fact, RunState
@@ -17,14 +18,23 @@ def event(fact: Fact, state: RunState) -> dict[str, Any] | None:
     if kind is None:
         return None
     ev: dict[str, Any] = {
-        "type": kind, "run_id": state.run_id, "at_ms": r["at_ms"], "workflow": state.workflow,
-        "version": state.version, "status": state.status, "seq": r.get("seq"),
-        "step": r.get("name") if name.startswith("Step") else None, "attempt": r.get("attempt"),
-        "duration_ms": r.get("duration_ms"), "output": None, "error": r.get("error"),
+        "type": kind,
+        "run_id": state.run_id,
+        "at_ms": r["at_ms"],
+        "workflow": state.workflow,
+        "version": state.version,
+        "status": state.status,
+        "seq": r.get("seq"),
+        "step": r.get("name") if name.startswith("Step") else None,
+        "attempt": r.get("attempt"),
+        "duration_ms": r.get("duration_ms"),
+        "output": None,
+        "error": r.get("error"),
         "reason": r.get("reason"),
-    }  # fmt: skip
+    }
     if name == "TimerScheduled":
-        ev["reason"] = f"sleeping until {r['due_ms']} ms"
+        due = datetime.fromtimestamp(r["due_ms"] / 1000, UTC).isoformat(timespec="milliseconds")
+        ev["reason"] = f"sleeping until {due}"
     elif name == "SignalAwaited":
         ev["reason"] = f"waiting for signal {r['name']!r}"
     elif name == "RunParked":
@@ -41,10 +51,20 @@ def event(fact: Fact, state: RunState) -> dict[str, Any] | None:
 def rejected(run_id: str, at_ms: int, workflow: str, reason: str) -> dict[str, Any]:
     """A start that never became a run (unknown workflow, invalid input)."""
     return {
-        "type": "run.rejected", "run_id": run_id, "at_ms": at_ms, "workflow": workflow,
-        "version": "", "status": "rejected", "seq": None, "step": None, "attempt": None,
-        "duration_ms": None, "output": None, "error": None, "reason": reason,
-    }  # fmt: skip
+        "type": "run.rejected",
+        "run_id": run_id,
+        "at_ms": at_ms,
+        "workflow": workflow,
+        "version": "",
+        "status": "rejected",
+        "seq": None,
+        "step": None,
+        "attempt": None,
+        "duration_ms": None,
+        "output": None,
+        "error": None,
+        "reason": reason,
+    }
 
 
 _TYPES = {

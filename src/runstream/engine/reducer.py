@@ -89,7 +89,8 @@ def _consume_buffered(state: RunState, signal_id: str) -> None:
 
 
 _OPEN = frozenset({"StepStarted", "TimerScheduled", "SignalAwaited"})
-_SETTLE = frozenset({"StepCompleted", "TimerFired", "SignalReceived", "SignalTimedOut",
-                     "ValueRecorded"})  # fmt: skip
+_SETTLE = frozenset(
+    {"StepCompleted", "TimerFired", "SignalReceived", "SignalTimedOut", "ValueRecorded"}
+)
 _KEEPS_PARKED = frozenset({"RunParked", "SignalBuffered"})
 _END = {"RunCompleted": COMPLETED, "RunFailed": FAILED, "RunCancelled": CANCELLED, "RunDead": DEAD}

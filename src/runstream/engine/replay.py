@@ -9,6 +9,7 @@ between replays: correctness never depends on keeping coroutines alive.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random as _random
 import traceback
@@ -102,11 +103,16 @@ class _Suspend:
 
 # The kind and name each fact records for its sequence number: what the code must ask for.
 _KIND = {
-    "StepStarted": "step", "StepCompleted": "step", "StepFailed": "step",
-    "TimerScheduled": "sleep", "TimerFired": "sleep",
-    "SignalAwaited": "signal", "SignalReceived": "signal", "SignalTimedOut": "signal",
+    "StepStarted": "step",
+    "StepCompleted": "step",
+    "StepFailed": "step",
+    "TimerScheduled": "sleep",
+    "TimerFired": "sleep",
+    "SignalAwaited": "signal",
+    "SignalReceived": "signal",
+    "SignalTimedOut": "signal",
     "ValueRecorded": "value",
-}  # fmt: skip
+}
 
 
 def _op(fact: Fact) -> str:
@@ -210,9 +216,14 @@ class Context:
         if fact is None:
             fact = Fact(
                 "ValueRecorded",
-                {"run_id": self.run_id, "at_ms": self._now_ms, "seq": seq, "name": name,
-                 "value": payload.dumps(make())},
-            )  # fmt: skip
+                {
+                    "run_id": self.run_id,
+                    "at_ms": self._now_ms,
+                    "seq": seq,
+                    "name": name,
+                    "value": payload.dumps(make()),
+                },
+            )
             self._new.append(fact)
         return payload.loads(fact.rec["value"])
 
@@ -233,10 +244,8 @@ def replay(wf: WorkflowDef, state: RunState, registry: Registry, now_ms: int) ->
     except Exception as exc:
         outcome = Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc())
     else:
-        try:
+        with contextlib.suppress(RuntimeError):  # it awaited in a finally block: let it be
             coro.close()
-        except RuntimeError:  # the workflow awaited in a finally block: nothing to do
-            pass
         if isinstance(yielded, _Suspend):
             outcome = Blocked(yielded.request)
         else:

@@ -66,12 +66,28 @@ class RunState:
     def copy(self) -> RunState:
         """A copy whose containers can change without touching this one."""
         return RunState(
-            self.run_id, self.workflow, self.version, self.input, self.parent_run_id,
-            self.tags, self.status, self.started_at_ms, self.ended_at_ms,
-            dict(self.resolved), dict(self.pending), list(self.signals), set(self.signal_ids),
-            self.recoveries, self.compensation, self.output, self.error, self.reason,
-            self.continued_as, self.facts, self.steps,
-        )  # fmt: skip
+            self.run_id,
+            self.workflow,
+            self.version,
+            self.input,
+            self.parent_run_id,
+            self.tags,
+            self.status,
+            self.started_at_ms,
+            self.ended_at_ms,
+            dict(self.resolved),
+            dict(self.pending),
+            list(self.signals),
+            set(self.signal_ids),
+            self.recoveries,
+            self.compensation,
+            self.output,
+            self.error,
+            self.reason,
+            self.continued_as,
+            self.facts,
+            self.steps,
+        )
 
     def timers(self) -> list[tuple[int, int]]:
         """(due_ms, seq) of every open operation that waits for a time."""

@@ -62,8 +62,9 @@ def index_keys(state: RunState) -> set[bytes]:
 class PartitionStore:
     """The projection of one journal partition."""
 
-    def __init__(self, path: Path, codec: Codec, *, cache_size: int = 4096,
-                 read_only: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, path: Path, codec: Codec, *, cache_size: int = 4096, read_only: bool = False
+    ) -> None:
         path.mkdir(parents=True, exist_ok=True)
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
@@ -100,8 +101,9 @@ class PartitionStore:
         for data in self._range(b"f" + run + b"\x00", b"f" + run + b"\x01", values=True):
             yield Fact(*self._codec.decode(data))
 
-    def commit(self, changes: Iterable[tuple[RunState, RunState, list[bytes]]],
-               journal_offset: int) -> None:  # fmt: skip
+    def commit(
+        self, changes: Iterable[tuple[RunState, RunState, list[bytes]]], journal_offset: int
+    ) -> None:
         """Write ``(before, after, new encoded facts)`` per run and the journal offset
         they reach, atomically, then make ``after`` the cached state."""
         batch = WriteBatch(raw_mode=True)
