@@ -210,7 +210,7 @@ class Client:
                     "group.id": self.client_id,
                     "enable.auto.commit": False,
                     "isolation.level": "read_committed",
-                    "fetch.wait.max.ms": 20,
+                    "fetch.wait.max.ms": 5,
                 }
             )
             p = partition_for(self.client_id.encode(), self._reply_partitions)

@@ -182,6 +182,10 @@ class Worker:
                 "transactional.id": f"{ns}.engine.{self.instance_id}",
                 "transaction.timeout.ms": s.transaction_timeout_ms,
                 "linger.ms": 1,
+                # Right after a commit the coordinator answers CONCURRENT_TRANSACTIONS
+                # until its markers are written; the default 100 ms retry backoff then
+                # costs ~100 ms per transaction (measured), 5 ms costs ~3 ms.
+                "retry.backoff.ms": 5,
                 "partitioner": "murmur2_random",
                 "on_delivery": self._delivered,
             }
