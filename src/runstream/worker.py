@@ -441,10 +441,11 @@ class Worker:
     def _dead_letter(
         self, batch: _Batch, msg: Message | None, reason: str, now: int, run_id: str | None = None
     ) -> None:
+        # Without a message, the cause is a run (e.g. dead): point at its journal partition.
         rec = {
             "reason": reason,
             "source_topic": msg.topic() if msg else self.topics.journal,
-            "partition": msg.partition() if msg else -1,
+            "partition": msg.partition() if msg else batch.runs[run_id][0] if run_id else -1,
             "offset": msg.offset() if msg else -1,
             "key": msg.key() if msg else None,
             "value": msg.value() if msg else None,

@@ -63,11 +63,15 @@ class PartitionStore:
     """The projection of one journal partition."""
 
     def __init__(
-        self, path: Path, codec: Codec, *, cache_size: int = 4096, read_only: bool = False
+        self, path: Path, codec: Codec, *, cache_size: int = 1024, read_only: bool = False
     ) -> None:
         path.mkdir(parents=True, exist_ok=True)
         opts = Options(raw_mode=True)
         opts.create_if_missing(True)
+        # One DB per partition: RocksDB's 64 MiB default memtable each would add up to
+        # gigabytes on a busy instance. The journal is the truth; small flushes are fine.
+        opts.set_write_buffer_size(4 << 20)
+        opts.set_max_write_buffer_number(2)
         access = AccessType.read_only(False) if read_only else AccessType.read_write()
         self.path = path
         self._db: Rdict | None = Rdict(str(path), opts, access_type=access)
