@@ -351,10 +351,10 @@ class Worker:
             log.warning("consume error: %s", err)
             return
         p, offset = msg.partition(), msg.offset()
+        if p not in self._owned:
+            return  # revoked within this poll; the new owner reads it again
         first, _ = batch.consumed.get(p, (offset, offset))
         batch.consumed[p] = (first, offset)
-        if p not in self._owned:
-            return  # revoked within this poll; the new owner will read it
         value = msg.value() or b""
         try:
             name, rec = self.codec.decode(value)
