@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from runstream.cli.audit_cmd import audit
 from runstream.cli.kafka_cmd import kafka
 from runstream.cli.topics_cmd import topics
 from runstream.errors import RunstreamError
@@ -35,6 +36,7 @@ def cli(verbose: bool) -> None:
     )
 
 
+cli.add_command(audit)
 cli.add_command(kafka)
 cli.add_command(topics)
 
