@@ -110,6 +110,7 @@ class Worker:
         self.instance_id = s.instance_id or f"{socket.gethostname()}-{os.getpid()}"
         self.bootstrap = resolve_bootstrap(bootstrap or app.bootstrap)
         self.topics = Topics(app.namespace)
+        self._journal_topic = self.topics.journal  # compared per delivery report
         self.codec = Codec.default()
         self.decider = Decider(app.registry, app.max_recovery_attempts)
         self.state_dir = Path(s.state_dir) / app.namespace / self.instance_id
@@ -460,7 +461,8 @@ class Worker:
     def _commit(self, batch: _Batch) -> bool:
         """Produce everything the batch decided and commit it with the consumed offsets.
         False when the transaction had to be aborted (the batch is then redone)."""
-        producer, topics, encode = self.producer, self.topics, self.codec.encode
+        producer, encode = self.producer, self.codec.encode
+        journal, lifecycle_topic = self._journal_topic, self.topics.lifecycle
         fx = batch.effects
         self._journal_end.clear()
         self._delivery_error = None
@@ -471,18 +473,18 @@ class Worker:
                 p = batch.runs[run_id][0]
                 data = encode(fact.name, fact.rec)
                 batch.encoded.setdefault(run_id, []).append(data)
-                self._produce(topics.journal, p, run_id.encode(), data)
+                self._produce(journal, p, run_id.encode(), data)
             for ev in fx.lifecycle:
                 run_id = ev["run_id"]
                 self._produce(
-                    topics.lifecycle,
+                    lifecycle_topic,
                     batch.runs[run_id][0],
                     run_id.encode(),
                     encode("LifecycleEvent", ev),
                 )
             for key, name, rec in fx.commands:
                 self._produce(
-                    topics.commands,
+                    self.topics.commands,
                     partition_for(key.encode(), self.partitions),
                     key.encode(),
                     encode(name, rec),
@@ -491,7 +493,7 @@ class Worker:
                 self._produce(topic, partition, key, value)
             if batch.consumed:
                 offsets = [
-                    TopicPartition(topics.commands, p, last + 1)
+                    TopicPartition(self.topics.commands, p, last + 1)
                     for p, (_, last) in batch.consumed.items()
                 ]
                 producer.send_offsets_to_transaction(
@@ -512,7 +514,7 @@ class Worker:
             producer.abort_transaction(30)
             for p, (first, _) in batch.consumed.items():
                 if p in self._owned:
-                    self.consumer.seek(TopicPartition(topics.commands, p, first))
+                    self.consumer.seek(TopicPartition(self.topics.commands, p, first))
             return False
         return True
 
@@ -530,7 +532,7 @@ class Worker:
     def _delivered(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
             self._delivery_error = err  # the commit fails with an abortable error too
-        elif msg.topic() == self.topics.journal:
+        elif msg.topic() == self._journal_topic:
             p, end = msg.partition(), msg.offset() + 1
             if end > self._journal_end.get(p, 0):
                 self._journal_end[p] = end
