@@ -1,0 +1,784 @@
+"""The workloads of BENCHMARKS.md. Each takes the session and the parsed arguments, and
+returns the JSON record and the one-line summary."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import statistics
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import runstream
+from runstream.engine import payload
+
+from .harness import (
+    Bench,
+    BenchError,
+    Engine,
+    Lifecycle,
+    TopicWatcher,
+    base_record,
+    finish_record,
+    floor_figures,
+    fmt_spread,
+    latency_stats,
+    log,
+    run_ids_per_partition,
+    spread,
+)
+
+STEPS_PER_RUN = 3  # the W1 workflow
+
+
+@contextlib.contextmanager
+def engines(
+    bench: Bench,
+    ns: str,
+    rep: dict[str, Any],
+    instances: int = 1,
+    env: dict[str, str] | None = None,
+) -> Iterator[list[Engine]]:
+    """Engine processes for one repeat, ready (warm-up done); stopped afterwards, with
+    their exit codes, CPU time, log problems and the peak RSS recorded in ``rep``."""
+    bench.sampler.reset()
+    began = time.perf_counter()
+    started = bench.engines_for(ns, instances, env, warm=False)
+    try:
+        from .harness import wait_ready
+
+        wait_ready(bench, ns, started)
+        rep["ready_s"] = round(time.perf_counter() - began, 2)
+        yield started
+    finally:
+        bench.sampler.sample()
+        rep["engine_cpu_s"] = round(
+            sum(bench.sampler.cpu.get(pid, 0.0) for e in bench.engines for pid in e.pids), 2
+        )
+        rep["peak_rss_mb"] = bench.sampler.peaks_mb()
+        rep["engine_exit_codes"] = [e.stop() for e in bench.engines]
+        problems = [p for e in bench.engines for p in e.problems()]
+        if problems:
+            rep["engine_log_problems"] = problems
+        bench.engines = []
+
+
+def _new_rep(ns: str, repeat: int) -> dict[str, Any]:
+    return {"repeat": repeat, "namespace": ns}
+
+
+def _peak(reps: list[dict[str, Any]], group: str) -> float | None:
+    vals = [r.get("peak_rss_mb", {}).get(group) for r in reps]
+    vals = [v for v in vals if v is not None]
+    return max(vals) if vals else None
+
+
+def _record_common(record: dict[str, Any], reps: list[dict[str, Any]]) -> None:
+    record["repeats"] = reps
+    record["peak_rss_mb"] = {
+        "engine": _peak(reps, "engine"),
+        "broker": _peak(reps, "broker"),
+        "note": "max over repeats of the sampled peak (100 ms) of the "
+        "summed RSS of the engine processes / the broker JVM",
+    }
+
+
+# ----------------------------------------------------------------- W1
+
+
+def w1(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
+    runs = args.runs or 200
+    warmup = 20 if args.warmup is None else args.warmup
+    record = base_record(bench, "W1", "latency of a short workflow", argv)
+    record["instances"] = 1
+    record["params"] = {
+        "runs": runs,
+        "warmup": warmup,
+        "repeat": args.repeat,
+        "workflow": "w1: 3 sequential local steps (x + 1)",
+        "measure": "one Client, sequentially: perf_counter before "
+        "client.start('w1', 1) (wait=True) until client.result() returned",
+    }
+    reps = []
+    for r in range(args.repeat):
+        ns = bench.namespace("W1", r)
+        _settings(record, bench, ns)
+        rep = _new_rep(ns, r)
+        reps.append(rep)
+        with engines(bench, ns, rep), runstream.Client(ns, bench.bootstrap) as client:
+            lat, wrong = [], 0
+            for i in range(warmup + runs):
+                t0 = time.perf_counter()
+                rid = client.start("w1", 1)
+                out = client.result(rid, timeout=60)
+                dt = (time.perf_counter() - t0) * 1000
+                wrong += out != 4
+                if i >= warmup:
+                    lat.append(dt)
+            rep["latency_ms"] = latency_stats(lat)
+            rep["wrong_results"] = wrong
+        log(
+            f"W1 repeat {r + 1}: p50 {rep['latency_ms']['p50']:.1f} ms, "
+            f"p99 {rep['latency_ms']['p99']:.1f} ms"
+        )
+    _record_common(record, reps)
+    summary = {
+        k: spread(rep["latency_ms"][k] for rep in reps) for k in ("p50", "p90", "p99", "mean")
+    }
+    record["summary"] = {"latency_ms": summary}
+    floor = floor_figures()
+    if floor is not None:
+        txn = floor["summary"]["txn_commit_ms"]["p50"]["median"]
+        hop = floor["summary"]["hop_ms"]["p50"]["median"]
+        p50 = summary["p50"]["median"] if summary["p50"] else None
+        record["floor_ratio"] = {
+            "definition": "W1 p50 / floor txn-commit p50 (one transactional produce+commit "
+            "of one record); the engine commits 4 transactions per W1 run (start, 3 steps) "
+            "in sequence, plus the client's command and reply hops",
+            "floor_txn_commit_p50_ms": txn,
+            "floor_hop_p50_ms": hop,
+            "ratio": round(p50 / txn, 2) if p50 else None,
+            "floor_date": floor["date"],
+        }
+    record = finish_record(record)
+    line = (
+        f"W1: p50 {fmt_spread(summary['p50'], ' ms')}, p90 {fmt_spread(summary['p90'], ' ms')}, "
+        f"p99 {fmt_spread(summary['p99'], ' ms')}, mean {fmt_spread(summary['mean'], ' ms')}; "
+        f"{runs} runs x {args.repeat}"
+    )
+    if "floor_ratio" in record:
+        line += f"; {record['floor_ratio']['ratio']}x floor txn p50"
+    return record, line
+
+
+def _settings(record: dict[str, Any], bench: Bench, ns: str) -> None:
+    """Record the engine's settings once per workload (from its first namespace)."""
+    from .harness import engine_settings
+
+    if "settings" not in record:
+        record["settings"] = engine_settings(bench.bootstrap, ns)
+
+
+# ----------------------------------------------------------------- W2 / W6
+
+
+def throughput(
+    bench: Bench, ns: str, runs: int, in_flight: int, tag: str, timeout: float = 60
+) -> dict[str, Any]:
+    """Keep ``in_flight`` W1 runs started and not finished until ``runs`` finished;
+    completions come from one read_committed consumer of the lifecycle topic."""
+    lc = Lifecycle(bench.bootstrap, ns, tag.encode())
+    client = runstream.Client(ns, bench.bootstrap)
+    try:
+        ids = [f"{tag}{i}" for i in range(runs)]
+        started = done = wrong = 0
+        failed: list[str] = []
+        t0 = time.perf_counter()
+        t_last = t0
+        while started < min(in_flight, runs):
+            client.start("w1", 1, run_id=ids[started], wait=False)
+            started += 1
+        while done < runs:
+            try:
+                rid, kind, rec, now = lc.completions.get(timeout=timeout)
+            except Exception as exc:
+                raise BenchError(
+                    f"no run finished for {timeout}s: {done}/{runs} done, {started} started"
+                ) from exc
+            done += 1
+            t_last = now
+            if kind != "run.completed":
+                failed.append(f"{rid}: {kind} {rec.get('error') or rec.get('reason')}")
+            elif payload.loads(rec["output"]) != 4:
+                wrong += 1
+            if started < runs:
+                client.start("w1", 1, run_id=ids[started], wait=False)
+                started += 1
+        wall = t_last - t0
+        dupes = sum(1 for n in lc.terminal_count.values() if n > 1)
+        return {
+            "runs": runs,
+            "in_flight": in_flight,
+            "wall_s": round(wall, 3),
+            "runs_per_s": round(runs / wall, 1),
+            "steps_per_s": round(runs * STEPS_PER_RUN / wall, 1),
+            "not_completed": failed[:20],
+            "not_completed_count": len(failed),
+            "wrong_results": wrong,
+            "duplicate_terminal_events": dupes,
+        }
+    finally:
+        client.close()
+        lc.stop()
+
+
+def w2(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
+    runs, in_flight = args.runs or 2000, args.in_flight or 64
+    record = base_record(bench, "W2", "throughput of the W1 workflow", argv)
+    record["instances"] = 1
+    record["params"] = {
+        "runs": runs,
+        "in_flight": in_flight,
+        "repeat": args.repeat,
+        "measure": "wall time from the first start to the last terminal "
+        "lifecycle event seen by one read_committed consumer of all "
+        "lifecycle partitions; starts are client.start(wait=False)",
+    }
+    reps = []
+    for r in range(args.repeat):
+        ns = bench.namespace("W2", r)
+        _settings(record, bench, ns)
+        rep = _new_rep(ns, r)
+        reps.append(rep)
+        with engines(bench, ns, rep):
+            rep.update(throughput(bench, ns, runs, in_flight, f"w2-{r}-"))
+        log(f"W2 repeat {r + 1}: {rep['runs_per_s']} runs/s ({rep['wall_s']} s)")
+    _record_common(record, reps)
+    summary = {k: spread(rep[k] for rep in reps) for k in ("runs_per_s", "steps_per_s", "wall_s")}
+    record["summary"] = summary
+    floor = floor_figures()
+    rps = summary["runs_per_s"]["median"] if summary["runs_per_s"] else None
+    if floor is not None and rps:
+        tps = floor["summary"]["batch_txns_per_s"]["median"]
+        record["floor_ratio"] = {
+            "definition": "W2 runs/s / floor txns/s (sequential transactions of "
+            f"{floor['params']['batch_records']} records each from one producer); "
+            "below 1 means fewer runs per second than the bare broker commits transactions",
+            "floor_txns_per_s": tps,
+            "floor_records_per_s": floor["summary"]["batch_records_per_s"]["median"],
+            "ratio": round(rps / tps, 3),
+            "floor_date": floor["date"],
+        }
+    record = finish_record(record)
+    line = (
+        f"W2: {fmt_spread(summary['runs_per_s'], ' runs/s')}, "
+        f"{fmt_spread(summary['steps_per_s'], ' steps/s', 0)}; {runs} runs, "
+        f"{in_flight} in flight x {args.repeat}"
+    )
+    if "floor_ratio" in record:
+        line += f"; {record['floor_ratio']['ratio']}x floor txns/s"
+    return record, line
+
+
+def w6(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
+    runs, in_flight = args.runs or 2000, args.in_flight or 64
+    counts = args.instances or [1, 2, 4]
+    record = base_record(bench, "W6", "scale-out: W2 with several engine instances", argv)
+    record["instances"] = counts
+    record["params"] = {
+        "runs": runs,
+        "in_flight": in_flight,
+        "repeat": args.repeat,
+        "instances": counts,
+        "measure": "as W2; each instance a separate "
+        "process of the same consumer group (instance ids bench-1..N)",
+    }
+    reps: list[dict[str, Any]] = []
+    for r in range(args.repeat):
+        for n in counts:
+            ns = bench.namespace(f"W6-{n}", r)
+            _settings(record, bench, ns)
+            rep = _new_rep(ns, r) | {"instances": n}
+            reps.append(rep)
+            with engines(bench, ns, rep, instances=n):
+                rep.update(throughput(bench, ns, runs, in_flight, f"w6-{r}-{n}-"))
+            log(f"W6 repeat {r + 1}, {n} instance(s): {rep['runs_per_s']} runs/s")
+    _record_common(record, reps)
+    by_n = {n: spread(rep["runs_per_s"] for rep in reps if rep["instances"] == n) for n in counts}
+    base = by_n.get(1)
+    record["summary"] = {
+        "runs_per_s": {str(n): s for n, s in by_n.items()},
+        "ratio_to_1": {
+            str(n): round(s["median"] / base["median"], 2) for n, s in by_n.items() if s and base
+        }
+        if base
+        else None,
+    }
+    record = finish_record(record)
+    parts = [f"{n}: {fmt_spread(s, ' runs/s')}" for n, s in by_n.items()]
+    ratios = record["summary"]["ratio_to_1"] or {}
+    line = (
+        f"W6: {'; '.join(parts)}; ratio to 1 instance "
+        f"{', '.join(f'{n}: {v}x' for n, v in ratios.items())}; {runs} runs x {args.repeat}"
+    )
+    return record, line
+
+
+# ----------------------------------------------------------------- W3
+
+
+def w3(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
+    runs = args.runs or 100
+    warmup = 10 if args.warmup is None else args.warmup
+    record = base_record(bench, "W3", "signal round trip", argv)
+    record["instances"] = 1
+    record["params"] = {
+        "runs": runs,
+        "warmup": warmup,
+        "repeat": args.repeat,
+        "workflow": "wait_signal: await ctx.wait_for_signal('go'), return it",
+        "measure": "per run, sequentially: start it, wait until the lifecycle "
+        "topic shows it suspended on the signal, then perf_counter from "
+        "client.signal() (flushed) until client.result() returned",
+    }
+    reps = []
+    for r in range(args.repeat):
+        ns = bench.namespace("W3", r)
+        _settings(record, bench, ns)
+        rep = _new_rep(ns, r)
+        reps.append(rep)
+        tag = f"w3-{r}-"
+        lc = Lifecycle(bench.bootstrap, ns, tag.encode())
+        try:
+            with engines(bench, ns, rep), runstream.Client(ns, bench.bootstrap) as client:
+                lat, engine_ms, wrong = [], [], 0
+                for i in range(warmup + runs):
+                    rid = client.start("wait_signal", None, run_id=f"{tag}{i}")
+                    if not lc.wait_run("suspended", rid, 30):
+                        raise BenchError(f"run {rid} never suspended on its signal")
+                    sent_ms = time.time() * 1000
+                    t0 = time.perf_counter()
+                    client.signal(rid, "go", i)
+                    out = client.result(rid, timeout=60)
+                    dt = (time.perf_counter() - t0) * 1000
+                    wrong += out != i
+                    if i >= warmup:
+                        lat.append(dt)
+                        lc.wait_run("terminal", rid, 10)
+                        if rid in lc.terminal:
+                            engine_ms.append(lc.terminal[rid][1]["at_ms"] - sent_ms)
+                rep["round_trip_ms"] = latency_stats(lat)
+                rep["signal_to_completed_fact_ms"] = latency_stats(engine_ms)
+                rep["wrong_results"] = wrong
+        finally:
+            lc.stop()
+        log(
+            f"W3 repeat {r + 1}: p50 {rep['round_trip_ms']['p50']:.1f} ms, "
+            f"p99 {rep['round_trip_ms']['p99']:.1f} ms"
+        )
+    _record_common(record, reps)
+    summary = {
+        k: spread(rep["round_trip_ms"][k] for rep in reps) for k in ("p50", "p90", "p99", "mean")
+    }
+    record["summary"] = {"round_trip_ms": summary}
+    record = finish_record(record)
+    line = (
+        f"W3: signal round trip p50 {fmt_spread(summary['p50'], ' ms')}, "
+        f"p99 {fmt_spread(summary['p99'], ' ms')}; {runs} runs x {args.repeat}"
+    )
+    return record, line
+
+
+# ----------------------------------------------------------------- W4
+
+
+def w4(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
+    runs = args.runs or 200
+    nap = args.sleep or 2.0
+    record = base_record(bench, "W4", "crash while sleeping", argv)
+    record["instances"] = 1
+    record["params"] = {
+        "runs": runs,
+        "sleep_s": nap,
+        "repeat": args.repeat,
+        "workflow": "nap: step note(1), durable sleep, step note(2)",
+        "measure": "start all runs; once the lifecycle topic shows every run "
+        "suspended on its timer, SIGKILL the engine and start it again at "
+        "once (same --instance and --state-dir); time from that restart "
+        "(Popen) until the last terminal lifecycle event",
+    }
+    reps = []
+    for r in range(args.repeat):
+        ns = bench.namespace("W4", r)
+        _settings(record, bench, ns)
+        rep = _new_rep(ns, r)
+        reps.append(rep)
+        tag = f"w4-{r}-"
+        step_log = bench.work / f"{ns}.steps.log"
+        env = {"RUNSTREAM_BENCH_STEP_LOG": str(step_log)}
+        lc = Lifecycle(bench.bootstrap, ns, tag.encode())
+        journal = _JournalFacts(bench.bootstrap, ns, tag.encode())
+        try:
+            with (
+                engines(bench, ns, rep, env=env) as (engine,),
+                runstream.Client(ns, bench.bootstrap) as client,
+            ):
+                ids = [f"{tag}{i}" for i in range(runs)]
+                t0 = time.perf_counter()
+                for rid in ids:
+                    client.start("nap", nap, run_id=rid, wait=False)
+                client.close()  # flush
+                all_asleep = lc.wait_count("suspended", runs, 60)
+                t_kill = time.perf_counter()
+                asleep, done_before = len(lc.suspended), len(lc.terminal)
+                rep["killed_exit_code"] = engine.kill()
+                rep["killed_after_s"] = round(t_kill - t0, 3)
+                rep["asleep_at_kill"] = asleep
+                rep["all_asleep_at_kill"] = all_asleep
+                rep["completed_before_kill"] = done_before
+                rep["engine_rss_before_kill_mb"] = round(
+                    bench.sampler.peak_pid.get(engine.pid or -1, 0) / 2**20, 1
+                )
+                t_restart = time.perf_counter()
+                engine.start()
+                finished = lc.wait_count("terminal", runs, args.timeout or 180)
+                t_done = max((t for _, _, t in lc.terminal.values()), default=t_restart)
+                rep["restart_to_all_completed_s"] = (
+                    round(t_done - t_restart, 3) if finished else None
+                )
+                rep["kill_to_all_completed_s"] = round(t_done - t_kill, 3) if finished else None
+                journal.settle()
+        finally:
+            lc.stop()
+            journal.stop()
+        kinds = Counter(kind for kind, _, _ in lc.terminal.values())
+        lines = step_log.read_text().splitlines() if step_log.exists() else []
+        bodies = Counter(lines)
+        dup_bodies = {k: n for k, n in bodies.items() if n > 1}
+        rep.update(
+            {
+                "runs": runs,
+                "completed": kinds.get("run.completed", 0),
+                "runs_lost": runs - len(lc.terminal),
+                "not_completed": {k: n for k, n in kinds.items() if k != "run.completed"},
+                "runs_with_duplicate_terminal_events": sum(
+                    n > 1 for n in lc.terminal_count.values()
+                ),
+                "step_bodies_run": len(lines),
+                "step_bodies_expected": 2 * runs,
+                "duplicated_step_executions": sum(n - 1 for n in dup_bodies.values()),
+                "duplicated_step_examples": sorted(dup_bodies)[:10],
+                "journal": journal.report(),
+            }
+        )
+        log(
+            f"W4 repeat {r + 1}: lost {rep['runs_lost']}, duplicated step executions "
+            f"{rep['duplicated_step_executions']}, restart->all completed "
+            f"{rep['restart_to_all_completed_s']} s"
+        )
+    _record_common(record, reps)
+    keys = (
+        "restart_to_all_completed_s",
+        "kill_to_all_completed_s",
+        "runs_lost",
+        "duplicated_step_executions",
+    )
+    summary = {k: spread(rep[k] for rep in reps) for k in keys}
+    record["summary"] = summary
+    record = finish_record(record)
+    line = (
+        f"W4: runs lost {fmt_spread(summary['runs_lost'], '', 0)}, duplicated step "
+        f"executions {fmt_spread(summary['duplicated_step_executions'], '', 0)}, restart "
+        f"-> all completed {fmt_spread(summary['restart_to_all_completed_s'], ' s', 2)}; "
+        f"{runs} runs x {args.repeat}"
+    )
+    return record, line
+
+
+class _JournalFacts:
+    """Facts of runs with a key prefix, from ``<ns>.journal`` (from its end offsets now)."""
+
+    def __init__(self, bootstrap: str, ns: str, key_prefix: bytes) -> None:
+        self.facts: list[tuple[str, dict[str, Any]]] = []
+        self.watcher = TopicWatcher(bootstrap, f"{ns}.journal", key_prefix, self._on)
+        self._last = time.monotonic()
+
+    def _on(self, name: str, rec: dict[str, Any], _now: float) -> None:
+        self.facts.append((name, rec))
+        self._last = time.monotonic()
+
+    def settle(self, quiet: float = 1.0, timeout: float = 15) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() - self._last < quiet and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.watcher.stop()
+
+    def report(self) -> dict[str, Any]:
+        completed = Counter((r["run_id"], r["seq"]) for n, r in self.facts if n == "StepCompleted")
+        ended = Counter(r["run_id"] for n, r in self.facts if n == "RunCompleted")
+        names = Counter(n for n, _ in self.facts)
+        return {
+            "facts": dict(sorted(names.items())),
+            "step_completed_twice": sum(n > 1 for n in completed.values()),
+            "run_completed_twice": sum(n > 1 for n in ended.values()),
+            "runs_recovered": len({r["run_id"] for n, r in self.facts if n == "RunRecovered"}),
+        }
+
+
+# ----------------------------------------------------------------- W5
+
+FACTS_PER_W1_RUN = 8  # RunStarted, 3 x (StepStarted, StepCompleted), RunCompleted
+_RESTORED = re.compile(r"^(\S+ \S+) .*partition (\d+) restored: (\d+) facts in ([\d.]+)s")
+
+
+def w5(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
+    runs = args.runs or -(-1_000_000 // FACTS_PER_W1_RUN)
+    in_flight = args.in_flight or 256
+    record = base_record(bench, "W5", "rebuild the projections from the journal", argv)
+    record["instances"] = 1
+    record["params"] = {
+        "runs": runs,
+        "facts_target": runs * FACTS_PER_W1_RUN,
+        "fill_in_flight": in_flight,
+        "repeat": args.repeat,
+        "measure": "fill the journal with W1 runs through the engine (as W2, more in flight); "
+        "stop the engine (SIGTERM), delete its state dir, start it again and at once send "
+        "one new W1 run per partition. facts/s = facts restored / the sum of the "
+        "per-partition restore times the engine logs; the wall figures run from the "
+        "restart (Popen) to the last partition restored / the new runs completed",
+    }
+    reps = []
+    for r in range(args.repeat):
+        ns = bench.namespace("W5", r)
+        _settings(record, bench, ns)
+        rep = _new_rep(ns, r)
+        reps.append(rep)
+        with engines(bench, ns, rep) as (engine,):
+            log(f"W5 repeat {r + 1}: filling the journal with {runs} W1 runs")
+            rep["fill"] = throughput(bench, ns, runs, in_flight, f"w5-{r}-", timeout=120)
+            log(
+                f"W5 repeat {r + 1}: filled in {rep['fill']['wall_s']} s "
+                f"({rep['fill']['runs_per_s']} runs/s)"
+            )
+            rep["stop_exit_code"] = engine.stop()
+            state = engine.state_dir / ns / engine.instance
+            rep["state_mb"] = _du_mb(state)
+            shutil.rmtree(state)
+            rep.update(_rebuild(bench, ns, engine, r, args.timeout or 1800))
+        log(
+            f"W5 repeat {r + 1}: {rep['facts_restored']} facts restored at "
+            f"{rep['facts_per_s']} facts/s; new commands after "
+            f"{rep['restart_to_all_new_runs_completed_s']} s"
+        )
+    _record_common(record, reps)
+    keys = (
+        "facts_restored",
+        "facts_per_s",
+        "facts_per_s_wall",
+        "restore_wall_s",
+        "restart_to_first_new_run_completed_s",
+        "restart_to_all_new_runs_completed_s",
+    )
+    summary = {k: spread(rep.get(k) for rep in reps) for k in keys}
+    record["summary"] = summary
+    record = finish_record(record)
+    line = (
+        f"W5: {fmt_spread(summary['facts_restored'], ' facts', 0)} restored at "
+        f"{fmt_spread(summary['facts_per_s'], ' facts/s', 0)} (wall "
+        f"{fmt_spread(summary['facts_per_s_wall'], ' facts/s', 0)}); restart -> new commands "
+        f"processed on every partition "
+        f"{fmt_spread(summary['restart_to_all_new_runs_completed_s'], ' s', 2)}; "
+        f"{runs} runs x {args.repeat}"
+    )
+    return record, line
+
+
+def _rebuild(bench: Bench, ns: str, engine: Engine, r: int, timeout: float) -> dict[str, Any]:
+    probes = run_ids_per_partition(f"w5probe-{r}")
+    lc = Lifecycle(bench.bootstrap, ns, b"w5probe-")
+    client = runstream.Client(ns, bench.bootstrap)
+    try:
+        t_wall, t0 = time.time(), time.perf_counter()
+        engine.start()
+        for rid in probes:
+            client.start("w1", 1, run_id=rid, wait=False)
+        client._producer.flush(30)
+        done = lc.wait_count("terminal", len(probes), timeout)
+        times = sorted(t for _, _, t in lc.terminal.values())
+        out: dict[str, Any] = {
+            "new_runs": len(probes),
+            "new_runs_completed": sum(k == "run.completed" for k, _, _ in lc.terminal.values()),
+            "restart_to_first_new_run_completed_s": round(times[0] - t0, 3) if times else None,
+            "restart_to_all_new_runs_completed_s": round(times[-1] - t0, 3) if done else None,
+        }
+        # the rebuilt projection answers for old runs
+        sample = [f"w5-{r}-{i}" for i in (0, 1, 2)]
+        out["old_runs_status"] = {rid: client.get_run(rid, timeout=30).status for rid in sample}
+    finally:
+        client.close()
+        lc.stop()
+    restored = []
+    for line in engine.logs[-1].read_text(errors="replace").splitlines():
+        m = _RESTORED.match(line)
+        if m:
+            at = datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            restored.append((at, int(m[2]), int(m[3]), float(m[4])))
+    facts = sum(f for _, _, f, _ in restored)
+    work = sum(s for _, _, _, s in restored)
+    wall = max((at for at, *_ in restored), default=t_wall) - t_wall
+    out.update(
+        {
+            "partitions_restored": len({p for _, p, _, _ in restored}),
+            "facts_restored": facts,
+            "restore_work_s": round(work, 3),
+            "facts_per_s": round(facts / work) if work else None,
+            "restore_wall_s": round(wall, 3),
+            "facts_per_s_wall": round(facts / wall) if wall > 0 else None,
+            "per_partition": [{"partition": p, "facts": f, "s": s} for _, p, f, s in restored],
+        }
+    )
+    return out
+
+
+def _du_mb(path: Path) -> float:
+    total = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return round(total / 2**20, 1)
+
+
+# ----------------------------------------------------------------- W7
+
+
+def w7(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
+    sleepers = 100_000 if args.sleepers is None else args.sleepers
+    timers = args.timers or 1000
+    short = args.timer_seconds or 5.0
+    rate = 200.0  # short timers started per second
+    record = base_record(bench, "W7", "many sleepers", argv)
+    record["instances"] = 1
+    record["params"] = {
+        "sleepers": sleepers,
+        "sleeper_timer_s": 600,
+        "timers": timers,
+        "timer_s": short,
+        "timer_start_rate_per_s": rate,
+        "repeat": args.repeat,
+        "measure": "engine RSS (psutil) after warm-up vs after every sleeper is suspended "
+        "(median of 10 samples over 2 s, after 5 s settling), divided by the sleepers; "
+        "then, with the sleepers held, start the shorter timers at a steady rate and "
+        "take TimerFired.at_ms - TimerScheduled.due_ms from the journal",
+    }
+    reps = []
+    for r in range(args.repeat):
+        ns = bench.namespace("W7", r)
+        _settings(record, bench, ns)
+        rep = _new_rep(ns, r)
+        reps.append(rep)
+        tag = f"w7-{r}-"
+        lc = Lifecycle(bench.bootstrap, ns, tag.encode())
+        try:
+            with engines(bench, ns, rep), runstream.Client(ns, bench.bootstrap) as client:
+                time.sleep(3)
+                before = _rss_median(bench)
+                t0 = time.perf_counter()
+                window = 5000  # started but not yet suspended, at most
+                for i in range(sleepers):
+                    if i - len(lc.suspended) >= window:
+                        lc.wait_count("suspended", i - window + 1, 120)
+                    _start(client, "sleeper", 600, f"{tag}s{i}")
+                client._producer.flush(60)
+                ok = lc.wait_count("suspended", sleepers, 300)
+                rep["sleepers_suspended"] = len(lc.suspended)
+                rep["all_suspended"] = ok
+                fill = time.perf_counter() - t0
+                rep["sleepers_fill_s"] = round(fill, 2)
+                rep["sleepers_per_s"] = round(sleepers / fill, 1) if sleepers else None
+                time.sleep(5)
+                after = _rss_median(bench)
+                rep["engine_rss_before_mb"] = round(before / 2**20, 1)
+                rep["engine_rss_with_sleepers_mb"] = round(after / 2**20, 1)
+                rep["rss_per_suspended_run_bytes"] = (
+                    round((after - before) / sleepers) if sleepers else None
+                )
+                rep.update(_short_timers(bench, ns, client, lc, tag, timers, short, rate))
+                rep["sleepers_ended_early"] = sum(
+                    1 for rid in lc.terminal if rid.startswith(f"{tag}s")
+                )
+        finally:
+            lc.stop()
+        log(
+            f"W7 repeat {r + 1}: {rep['rss_per_suspended_run_bytes']} B per suspended run; "
+            f"timers late p50 {rep['timer_late_ms']['p50']} ms, "
+            f"p99 {rep['timer_late_ms']['p99']} ms"
+        )
+    _record_common(record, reps)
+    summary = {
+        "rss_per_suspended_run_bytes": spread(r["rss_per_suspended_run_bytes"] for r in reps),
+        "engine_rss_with_sleepers_mb": spread(r["engine_rss_with_sleepers_mb"] for r in reps),
+        "timer_late_ms": {k: spread(r["timer_late_ms"][k] for r in reps) for k in ("p50", "p99")},
+        "timer_fact_seen_committed_late_ms": {
+            k: spread(r["timer_fact_seen_committed_late_ms"][k] for r in reps)
+            for k in ("p50", "p99")
+        },
+        "sleepers_per_s": spread(r["sleepers_per_s"] for r in reps),
+    }
+    record["summary"] = summary
+    seen = summary["timer_fact_seen_committed_late_ms"]
+    record = finish_record(record)
+    line = (
+        f"W7: {fmt_spread(summary['rss_per_suspended_run_bytes'], ' B', 0)} engine RSS per "
+        f"suspended run ({sleepers} sleepers, engine "
+        f"{fmt_spread(summary['engine_rss_with_sleepers_mb'], ' MB')}); {timers} x {short:g} s "
+        f"timers fired late (TimerFired.at_ms - due_ms) p50 "
+        f"{fmt_spread(summary['timer_late_ms']['p50'], ' ms')}, p99 "
+        f"{fmt_spread(summary['timer_late_ms']['p99'], ' ms')}; seen committed p50 "
+        f"{fmt_spread(seen['p50'], ' ms')}, p99 {fmt_spread(seen['p99'], ' ms')}; "
+        f"x {args.repeat}"
+    )
+    return record, line
+
+
+def _start(client: runstream.Client, workflow: str, arg: Any, rid: str) -> None:
+    while True:
+        try:
+            client.start(workflow, arg, run_id=rid, wait=False)
+            return
+        except BufferError:  # the client's local queue is full: let it send
+            client._producer.poll(0.1)
+
+
+def _rss_median(bench: Bench, samples: int = 10, every: float = 0.2) -> float:
+    values = []
+    for _ in range(samples):
+        values.append(bench.sampler.rss("engine"))
+        time.sleep(every)
+    return statistics.median(values)
+
+
+def _short_timers(
+    bench: Bench,
+    ns: str,
+    client: runstream.Client,
+    lc: Lifecycle,
+    tag: str,
+    timers: int,
+    seconds: float,
+    rate: float,
+) -> dict[str, Any]:
+    journal = _JournalFacts(bench.bootstrap, ns, f"{tag}t".encode())
+    try:
+        t0 = time.perf_counter()
+        for i in range(timers):
+            delay = t0 + i / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            _start(client, "sleeper", seconds, f"{tag}t{i}")
+        client._producer.flush(30)
+        ids = {f"{tag}t{i}" for i in range(timers)}
+        lc.wait(lambda: ids <= lc.terminal.keys(), seconds + timers / rate + 120)
+        journal.settle()
+    finally:
+        journal.stop()
+    due = {r["run_id"]: r["due_ms"] for n, r in journal.facts if n == "TimerScheduled"}
+    fired = {r["run_id"]: r for n, r in journal.facts if n == "TimerFired"}
+    late = [fired[rid]["at_ms"] - due[rid] for rid in fired if rid in due]
+    produced = [fired[rid]["_produced_ms"] - due[rid] for rid in fired if rid in due]
+    seen = [fired[rid]["_seen_ms"] - due[rid] for rid in fired if rid in due]
+    done_late = [
+        lc.terminal[rid][1]["at_ms"] - due[rid] for rid in ids if rid in lc.terminal and rid in due
+    ]
+    return {
+        "timers_started": timers,
+        "timers_fired": len(late),
+        "timers_completed": sum(1 for rid in ids if rid in lc.terminal),
+        "timer_late_ms": latency_stats([float(x) for x in late]),
+        "timer_fact_produced_late_ms": latency_stats([float(x) for x in produced]),
+        "timer_fact_seen_committed_late_ms": latency_stats(seen),
+        "timer_run_completed_late_ms": latency_stats([float(x) for x in done_late]),
+    }
