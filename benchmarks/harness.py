@@ -419,6 +419,8 @@ class Bench:
 
     def __enter__(self) -> Bench:
         signal.signal(signal.SIGTERM, _raise_exit)
+        # also when started in the background, where SIGINT comes ignored
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         self.sampler.start()
         try:
             if not self.external:
