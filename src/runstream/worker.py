@@ -79,6 +79,7 @@ class WorkerSettings:
 class _Owned:
     store: PartitionStore
     generation: int
+    position: int  # next command offset; committed by every transaction that writes p
 
 
 class _Batch:
@@ -257,10 +258,13 @@ class Worker:
             tp = TopicPartition(self.topics.commands, p)
             # Waits while another instance's transaction holds offsets of p (KIP-447):
             # only then is the journal's end final.
-            self.consumer.committed([tp], timeout=60)
+            (committed,) = self.consumer.committed([tp], timeout=60)
+            position = committed.offset
+            if position < 0:  # nothing committed yet: the partition's first offset
+                position = self.consumer.get_watermark_offsets(tp, timeout=30)[0]
             store = PartitionStore(self.state_dir / f"p{p}", self.codec)
             self._generation += 1
-            owned = self._owned[p] = _Owned(store, self._generation)
+            owned = self._owned[p] = _Owned(store, self._generation, position)
             facts = self._catch_up(p, store)
             for due, run_id, seq in store.timers():
                 heapq.heappush(self._timers, (due, p, owned.generation, run_id, seq))
@@ -491,11 +495,15 @@ class Worker:
                 )
             for topic, partition, key, value in batch.raw:
                 self._produce(topic, partition, key, value)
-            if batch.consumed:
-                offsets = [
-                    TopicPartition(self.topics.commands, p, last + 1)
-                    for p, (_, last) in batch.consumed.items()
-                ]
+            # Offsets of every partition this transaction writes to, consumed from or
+            # not: the group generation they carry fences a zombie that lost p (KIP-447)
+            # even when its batch holds only step outcomes or timers.
+            written = {batch.runs[f.rec["run_id"]][0] for f in fx.facts}
+            offsets = [
+                TopicPartition(self.topics.commands, p, self._next_offset(batch, p))
+                for p in written | batch.consumed.keys()
+            ]
+            if offsets:
                 producer.send_offsets_to_transaction(
                     offsets, self.consumer.consumer_group_metadata(), 30
                 )
@@ -518,6 +526,10 @@ class Worker:
             return False
         return True
 
+    def _next_offset(self, batch: _Batch, p: int) -> int:
+        consumed = batch.consumed.get(p)
+        return consumed[1] + 1 if consumed else self._owned[p].position
+
     def _produce(self, topic: str, partition: int | None, key: bytes | None, value: bytes) -> None:
         kwargs: dict[str, Any] = {"key": key, "value": value}
         if partition is not None:
@@ -539,6 +551,8 @@ class Worker:
 
     def _apply(self, batch: _Batch) -> None:
         """After the commit: project the facts, arm timers, start the steps."""
+        for p, (_, last) in batch.consumed.items():
+            self._owned[p].position = last + 1
         by_partition: dict[int, list[tuple[RunState, RunState, list[bytes]]]] = {}
         for run_id, data in batch.encoded.items():
             p, before, after = batch.runs[run_id]
