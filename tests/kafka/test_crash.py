@@ -3,6 +3,7 @@ lost and no committed step runs again."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections import Counter
 
@@ -93,3 +94,37 @@ def test_a_run_that_keeps_crashing_its_instance_goes_dead(kafka_bootstrap, ns, t
     dlq = read_topic(kafka_bootstrap, f"{ns}.dlq")
     assert [r["run_id"] for _, r, _ in dlq] == ["poison"]
     assert "max_recovery_attempts=2" in dlq[0][1]["reason"]
+
+
+def test_a_frozen_instance_is_fenced_when_it_wakes(kafka_bootstrap, ns, tmp_path):
+    """SIGSTOP one instance (a zombie: its session expires, its partitions move), let
+    the other take over, then SIGCONT it: nothing it had in hand may reach the journal."""
+    runs = 200
+    log = tmp_path / "steps.log"
+    state = tmp_path / "state"
+    state.mkdir()
+    w1 = spawn_worker(kafka_bootstrap, ns, state, "w1", log)
+    w2 = spawn_worker(kafka_bootstrap, ns, state, "w2", log)
+    try:
+        client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
+        for i in range(runs):
+            client.start("sleepy", 0.5, run_id=f"run-{i}", wait=False)
+        client.start("sleepy", 0.5, run_id="probe")
+        wait_for(lambda: log.exists() and len(log.read_text().splitlines()) >= runs // 3,
+                 timeout=120, what="a third of the first steps")  # fmt: skip
+        w1.send_signal(signal.SIGSTOP)
+        results = {f"run-{i}": client.result(f"run-{i}", timeout=180) for i in range(runs)}
+        assert set(results.values()) == {"rested"}
+        w1.send_signal(signal.SIGCONT)  # the zombie wakes with a batch in hand
+        time.sleep(8)
+    finally:
+        for w in (w1, w2):
+            w.send_signal(signal.SIGCONT)
+            if w.poll() is None:
+                terminate(w)
+
+    journal = read_topic(kafka_bootstrap, f"{ns}.journal", timeout=30)
+    completed = Counter((r["run_id"], r["seq"]) for n, r, _ in journal if n == "StepCompleted")
+    assert len(completed) == 3 * (runs + 1) and set(completed.values()) == {1}
+    finished = Counter(r["run_id"] for n, r, _ in journal if n == "RunCompleted")
+    assert len(finished) == runs + 1 and set(finished.values()) == {1}
