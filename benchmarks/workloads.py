@@ -179,7 +179,7 @@ def throughput(
         started = done = wrong = 0
         failed: list[str] = []
         t0 = time.perf_counter()
-        t_last = t0
+        t_last = t_said = t0
         while started < min(in_flight, runs):
             client.start("w1", 1, run_id=ids[started], wait=False)
             started += 1
@@ -192,6 +192,9 @@ def throughput(
                 ) from exc
             done += 1
             t_last = now
+            if now - t_said > 15:
+                log(f"  {done}/{runs} runs finished, {done / (now - t0):.0f} runs/s")
+                t_said = now
             if kind != "run.completed":
                 failed.append(f"{rid}: {kind} {rec.get('error') or rec.get('reason')}")
             elif payload.loads(rec["output"]) != 4:
@@ -668,7 +671,11 @@ def w7(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
                 before = _rss_median(bench)
                 t0 = time.perf_counter()
                 window = 5000  # started but not yet suspended, at most
+                t_said = t0
                 for i in range(sleepers):
+                    if time.perf_counter() - t_said > 15:
+                        log(f"  {len(lc.suspended)}/{sleepers} sleepers suspended")
+                        t_said = time.perf_counter()
                     if i - len(lc.suspended) >= window:
                         lc.wait_count("suspended", i - window + 1, 120)
                     _start(client, "sleeper", 600, f"{tag}s{i}")
