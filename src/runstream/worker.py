@@ -12,6 +12,7 @@ the projection behind the journal, and restore catches it up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import logging
 import os
@@ -123,6 +124,7 @@ class Worker:
             queue.SimpleQueue()
         )
         self._requeued: list[tuple[Any, ...]] = []
+        self._early: list[tuple[int, int, StepTask, StepOutcome]] = []  # taken while waiting
         self._in_flight = 0
         self._journal_end: dict[int, int] = {}
         self._delivery_error: KafkaError | None = None
@@ -152,8 +154,7 @@ class Worker:
         try:
             while not self._stopping.is_set():
                 self._restore_assigned()
-                msgs = _consume(self.consumer, self._wait_seconds(), self.settings.batch_size)
-                self._process(msgs)
+                self._process(self._poll())
             self._drain_in_flight(deadline=time.monotonic() + 10)
         finally:
             self._close()
@@ -308,22 +309,31 @@ class Worker:
         return count
 
     # -- the loop ---------------------------------------------------------------------
-    def _wait_seconds(self) -> float:
-        if self._requeued or not self._outcomes.empty():
-            return 0
+    def _poll(self) -> list[Message]:
+        """The next commands; returns early when internal work is ready."""
+        limit = self.settings.batch_size
+        if self._requeued or self._early or not self._outcomes.empty():
+            return _consume(self.consumer, 0, limit)
         if self._in_flight:
-            return 0.001  # a step may finish any moment; consume() can't be woken
+            # consume() can't be woken by a finishing step: look at Kafka without
+            # waiting, then wait on the step outcomes (woken at once) for a moment.
+            msgs = _consume(self.consumer, 0, limit)
+            if not msgs:
+                with contextlib.suppress(queue.Empty):
+                    self._early.append(self._outcomes.get(timeout=0.002))
+            return msgs
+        wait = 0.5
         if self._timers:
-            return max(0.0, min(0.5, self._timers[0][0] / 1000 - time.time()))
-        return 0.5
+            wait = max(0.0, min(wait, self._timers[0][0] / 1000 - time.time()))
+        return _consume(self.consumer, wait, limit)
 
     def _take_internal(self, now: int) -> list[tuple[Any, ...]]:
         items, self._requeued = self._requeued, []
-        while True:
-            try:
-                p, gen, task, outcome = self._outcomes.get_nowait()
-            except queue.Empty:
-                break
+        outcomes, self._early = self._early, []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                outcomes.append(self._outcomes.get_nowait())
+        for p, gen, task, outcome in outcomes:
             self._in_flight -= 1
             items.append(("outcome", p, gen, task, outcome))
         while self._timers and self._timers[0][0] <= now and len(items) < 5000:
