@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import struct
-from datetime import UTC, datetime
 from importlib import resources
 from io import BytesIO
 from typing import Any
@@ -12,10 +11,9 @@ from typing import Any
 import pytest
 from fastavro import parse_schema, schemaless_writer
 from fastavro.schema import fingerprint, to_parsing_canonical_form
-from pydantic import BaseModel
 
 from runstream.errors import DecodeError, SchemaError
-from runstream.schemas.codec import MAGIC, Codec, from_json_bytes, json_bytes, schema_fingerprint
+from runstream.schemas.codec import MAGIC, Codec, schema_fingerprint
 
 
 def _shipped_files() -> dict[str, dict[str, Any]]:
@@ -441,43 +439,3 @@ def test_default_is_cached() -> None:
 def test_schema_returns_a_copy(codec: Codec) -> None:
     codec.schema("StartRun")["fields"].clear()
     assert codec.schema("StartRun")["fields"]
-
-
-# -- JSON payloads -------------------------------------------------------------
-
-
-class Order(BaseModel):
-    order_id: int
-    at: datetime
-    items: list[str]
-
-
-def test_json_bytes_of_pydantic_model_round_trips() -> None:
-    order = Order(order_id=42, at=datetime(2024, 5, 1, 12, 0, tzinfo=UTC), items=["a", "é"])
-    data = json_bytes(order)
-    assert data == '{"order_id":42,"at":"2024-05-01T12:00:00Z","items":["a","é"]}'.encode()
-    assert Order.model_validate(from_json_bytes(data)) == order
-    # nested in plain values, too
-    assert from_json_bytes(json_bytes({"orders": [order]})) == {
-        "orders": [order.model_dump(mode="json")]
-    }
-
-
-@pytest.mark.parametrize("value", [None, 1, 2.5, "x", [1, "a"], {"a": {"b": [True, None]}}])
-def test_json_bytes_plain_values_round_trip(value: Any) -> None:
-    data = json_bytes(value)
-    assert b" " not in data
-    assert from_json_bytes(data) == value
-
-
-@pytest.mark.parametrize("value", [float("nan"), object(), {"nested": [object()]}])
-def test_json_bytes_rejects_non_json(value: Any) -> None:
-    with pytest.raises(SchemaError, match="JSON"):
-        json_bytes(value)
-
-
-@pytest.mark.parametrize("data", [b"", b"{", b"\xff\xfe", b"nope"])
-def test_from_json_bytes_rejects_garbage(data: bytes) -> None:
-    with pytest.raises(DecodeError) as info:
-        from_json_bytes(data)
-    assert info.value.kind == "corrupt"

@@ -1,4 +1,5 @@
-"""Avro single-object encoding of Runstream's records, and JSON for user payloads.
+"""Avro single-object encoding of Runstream's records (payloads inside are JSON bytes,
+made by `runstream.engine.payload`).
 
 Every Kafka value Runstream writes is::
 
@@ -36,7 +37,7 @@ from fastavro.validation import validate
 
 from runstream.errors import DecodeError, SchemaError
 
-__all__ = ["MAGIC", "Codec", "from_json_bytes", "json_bytes", "schema_fingerprint"]
+__all__ = ["MAGIC", "Codec", "schema_fingerprint"]
 
 #: The two marker bytes that open every single-object encoded value.
 MAGIC = b"\xc3\x01"
@@ -310,47 +311,3 @@ def _check_resolvable(writer: _Schema, reader: _Schema) -> None:
 
 
 # -- user payloads ---------------------------------------------------------------
-
-
-def _to_jsonable(value: Any) -> Any:
-    from pydantic import BaseModel
-
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    from pydantic_core import to_jsonable_python  # dataclasses, datetimes, UUIDs, enums...
-
-    return to_jsonable_python(value)
-
-
-def json_bytes(value: Any) -> bytes:
-    """Compact UTF-8 JSON for a user payload (workflow input, step output, signal).
-
-    Accepts plain JSON values, pydantic models (``model_dump(mode="json")``) and what
-    pydantic can serialize (datetimes, UUIDs, dataclasses, ...), also nested. Never
-    pickles.
-
-    Raises:
-        SchemaError: the value cannot be expressed as JSON (including NaN/Infinity).
-    """
-    try:
-        return json.dumps(
-            value,
-            separators=(",", ":"),
-            ensure_ascii=False,
-            allow_nan=False,
-            default=_to_jsonable,
-        ).encode()
-    except Exception as exc:  # TypeError, ValueError, PydanticSerializationError
-        raise SchemaError(f"cannot encode a {type(value).__name__} payload as JSON: {exc}") from exc
-
-
-def from_json_bytes(data: bytes) -> Any:
-    """The JSON value in ``data`` (plain dicts, lists, str, numbers, bools, None).
-
-    Raises:
-        DecodeError: ``kind="corrupt"`` when ``data`` is not UTF-8 JSON.
-    """
-    try:
-        return json.loads(data)
-    except (ValueError, TypeError) as exc:
-        raise DecodeError("corrupt", f"payload is not UTF-8 JSON: {exc}") from exc
