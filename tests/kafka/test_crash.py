@@ -26,39 +26,59 @@ def _client(ns, bootstrap):
         return None
 
 
-def test_two_instances_one_sigkilled_mid_flight(kafka_bootstrap, ns, tmp_path):
-    runs = 500
+def _two_instances_busy(bootstrap, ns, tmp_path, runs, sleep, started_fraction):
+    """Two engine processes with ``runs`` sleepy runs under way: returns once that
+    fraction of the first steps ran. (w1, w2, client, step log)"""
     log = tmp_path / "steps.log"
     state = tmp_path / "state"
     state.mkdir()
-    w1 = spawn_worker(kafka_bootstrap, ns, state, "w1", log)
-    w2 = spawn_worker(kafka_bootstrap, ns, state, "w2", log)
+    w1 = spawn_worker(bootstrap, ns, state, "w1", log)
+    w2 = spawn_worker(bootstrap, ns, state, "w2", log)
     try:
-        client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
+        client = wait_for(lambda: _client(ns, bootstrap), what="topics")
         for i in range(runs):
-            client.start("sleepy", 1.0, run_id=f"run-{i}", wait=False)
-        client.start("sleepy", 1.0, run_id="probe")  # flushes the others too
+            client.start("sleepy", sleep, run_id=f"run-{i}", wait=False)
+        client.start("sleepy", sleep, run_id="probe")  # flushes the others too
         wait_for(
-            lambda: log.exists() and len(log.read_text().splitlines()) >= runs // 2,
+            lambda: log.exists() and len(log.read_text().splitlines()) >= runs * started_fraction,
             timeout=120,
-            what="half the first steps",
+            what="the first steps to get going",
         )
+    except BaseException:
+        _stop(w1, w2)
+        raise
+    return w1, w2, client, log
+
+
+def _check_journal(bootstrap, ns, runs):
+    """Exactly one completion per step and one end per run, for ``runs`` + the probe."""
+    journal = read_topic(bootstrap, f"{ns}.journal", timeout=30)
+    completed = Counter((r["run_id"], r["seq"]) for n, r, _ in journal if n == "StepCompleted")
+    assert len(completed) == 3 * (runs + 1) and set(completed.values()) == {1}
+    finished = Counter(r["run_id"] for n, r, _ in journal if n == "RunCompleted")
+    assert len(finished) == runs + 1 and set(finished.values()) == {1}
+    return journal
+
+
+def _stop(*workers):
+    for w in workers:
+        w.send_signal(signal.SIGCONT)
+        if w.poll() is None:
+            terminate(w)
+
+
+def test_two_instances_one_sigkilled_mid_flight(kafka_bootstrap, ns, tmp_path):
+    runs = 500
+    w1, w2, client, log = _two_instances_busy(kafka_bootstrap, ns, tmp_path, runs, 1.0, 0.5)
+    try:
         kill(w1)  # mid-flight: first steps running, many runs asleep
         killed_at = time.monotonic()
         results = {f"run-{i}": client.result(f"run-{i}", timeout=180) for i in range(runs)}
         recovered_in = time.monotonic() - killed_at
         assert set(results.values()) == {"rested"}
     finally:
-        for w in (w1, w2):
-            if w.poll() is None:
-                terminate(w)
-
-    journal = read_topic(kafka_bootstrap, f"{ns}.journal", timeout=30)
-    completed = Counter((r["run_id"], r["seq"]) for n, r, _ in journal if n == "StepCompleted")
-    assert len(completed) == 3 * (runs + 1) and set(completed.values()) == {1}
-    finished = Counter(r["run_id"] for n, r, _ in journal if n == "RunCompleted")
-    assert len(finished) == runs + 1 and set(finished.values()) == {1}
-
+        _stop(w1, w2)
+    journal = _check_journal(kafka_bootstrap, ns, runs)
     bodies = Counter(tuple(line.split()) for line in log.read_text().splitlines())
     twice = {k: n for k, n in bodies.items() if n > 1}
     recovered = {(r["run_id"], r["seq"]) for n, r, _ in journal if n == "RunRecovered"}
@@ -100,31 +120,13 @@ def test_a_frozen_instance_is_fenced_when_it_wakes(kafka_bootstrap, ns, tmp_path
     """SIGSTOP one instance (a zombie: its session expires, its partitions move), let
     the other take over, then SIGCONT it: nothing it had in hand may reach the journal."""
     runs = 200
-    log = tmp_path / "steps.log"
-    state = tmp_path / "state"
-    state.mkdir()
-    w1 = spawn_worker(kafka_bootstrap, ns, state, "w1", log)
-    w2 = spawn_worker(kafka_bootstrap, ns, state, "w2", log)
+    w1, w2, client, _ = _two_instances_busy(kafka_bootstrap, ns, tmp_path, runs, 0.5, 1 / 3)
     try:
-        client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
-        for i in range(runs):
-            client.start("sleepy", 0.5, run_id=f"run-{i}", wait=False)
-        client.start("sleepy", 0.5, run_id="probe")
-        wait_for(lambda: log.exists() and len(log.read_text().splitlines()) >= runs // 3,
-                 timeout=120, what="a third of the first steps")  # fmt: skip
         w1.send_signal(signal.SIGSTOP)
         results = {f"run-{i}": client.result(f"run-{i}", timeout=180) for i in range(runs)}
         assert set(results.values()) == {"rested"}
         w1.send_signal(signal.SIGCONT)  # the zombie wakes with a batch in hand
         time.sleep(8)
     finally:
-        for w in (w1, w2):
-            w.send_signal(signal.SIGCONT)
-            if w.poll() is None:
-                terminate(w)
-
-    journal = read_topic(kafka_bootstrap, f"{ns}.journal", timeout=30)
-    completed = Counter((r["run_id"], r["seq"]) for n, r, _ in journal if n == "StepCompleted")
-    assert len(completed) == 3 * (runs + 1) and set(completed.values()) == {1}
-    finished = Counter(r["run_id"] for n, r, _ in journal if n == "RunCompleted")
-    assert len(finished) == runs + 1 and set(finished.values()) == {1}
+        _stop(w1, w2)
+    _check_journal(kafka_bootstrap, ns, runs)
