@@ -586,6 +586,14 @@ def _end_offsets(consumer: Consumer, topic: str) -> list[TopicPartition]:
     return out
 
 
+def end_offsets(bootstrap: str, topic: str) -> list[TopicPartition]:
+    consumer = Consumer({**client_config(bootstrap), "group.id": f"bench-{uuid.uuid4().hex}"})
+    try:
+        return _end_offsets(consumer, topic)
+    finally:
+        consumer.close()
+
+
 class TopicWatcher(threading.Thread):
     """Reads every partition of a topic (read_committed) from its end offsets as taken
     at construction (explicit offsets, so nothing produced after construction is

@@ -66,6 +66,18 @@ def engines(
         if problems:
             rep["engine_log_problems"] = problems
         bench.engines = []
+        rep["dlq_end_offsets"] = _end_offset_sum(bench.bootstrap, f"{ns}.dlq")
+
+
+def _end_offset_sum(bootstrap: str, topic: str) -> int | None:
+    """Sum of a topic's end offsets (0: nothing was ever written to it)."""
+    from .harness import end_offsets
+
+    try:
+        return sum(tp.offset for tp in end_offsets(bootstrap, topic))
+    except Exception as exc:  # a report, not a reason to lose the workload's figures
+        log(f"could not read the end offsets of {topic}: {exc!r}")
+        return None
 
 
 def _new_rep(ns: str, repeat: int) -> dict[str, Any]:
