@@ -347,7 +347,8 @@ class AuditReport:
     seconds: float = 0.0
     statuses: dict[str, int] = field(default_factory=dict)  # final status -> runs
     violations: list[Violation] = field(default_factory=list)
-    recovered: set[tuple[str, int]] = field(default_factory=set)  # (run, seq) of RunRecovered
+    # (run, seq) -> its RunRecovered facts: how often a step was restarted after a crash
+    recovered: Counter[tuple[str, int]] = field(default_factory=Counter)
     dead_letters: int = 0  # dlq records of any kind
 
     @property
@@ -366,7 +367,7 @@ class AuditReport:
             "seconds": round(self.seconds, 3),
             "facts_per_second": round(self.facts_per_second),
             "statuses": dict(sorted(self.statuses.items())),
-            "recovered": len(self.recovered),
+            "recovered": self.recovered.total(),
             "dead_letters": self.dead_letters,
             "violations": [
                 {
@@ -501,7 +502,7 @@ def audit(
                     continue  # its order against the run's other facts means nothing
             check.add(name, rec, offset)
             if name == "RunRecovered":
-                report.recovered.add((run_id, rec["seq"]))
+                report.recovered[run_id, rec["seq"]] += 1
     finally:
         consumer.close()
 

@@ -50,7 +50,7 @@ def audit(namespace: str, bootstrap: str | None, expect_finished: bool, as_json:
         for status, n in sorted(report.statuses.items()):
             click.echo(f"  {status}: {n:,}")
         click.echo(
-            f"  steps recovered after a crash: {len(report.recovered):,}; "
+            f"  step recoveries after a crash: {report.recovered.total():,}; "
             f"dlq records: {report.dead_letters:,}"
         )
         if report.ok:
