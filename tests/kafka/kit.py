@@ -9,11 +9,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+import runstream
 from runstream import App, Worker, WorkerSettings
 from runstream.config import client_config
 from runstream.schemas.codec import Codec
@@ -101,3 +103,85 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.2, what: str 
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+# -- drills: load that keeps coming, step-log counts, projection copies ---------------------
+
+
+class SteadyStarts(threading.Thread):
+    """Starts ``run_ids`` of ``workflow`` at a steady rate over ``seconds``, on a thread with
+    its own Client, so load keeps arriving while a drill kills things."""
+
+    def __init__(self, bootstrap: str, ns: str, workflow: str, value: Any,
+                 run_ids: list[str], seconds: float) -> None:  # fmt: skip
+        super().__init__(daemon=True)
+        self.client = runstream.Client(ns, bootstrap)
+        self.workflow, self.value, self.run_ids, self.seconds = workflow, value, run_ids, seconds
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        began = time.monotonic()
+        try:
+            for i, run_id in enumerate(self.run_ids):
+                delay = began + i * self.seconds / len(self.run_ids) - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                self.client.start(self.workflow, self.value, run_id=run_id, wait=False)
+            # librdkafka keeps retrying while a broker is away; wait as long as a drill may
+            self.client._producer.flush(120)
+        except BaseException as exc:  # reported by finish()
+            self.error = exc
+
+    def finish(self, timeout: float = 180) -> None:
+        self.join(timeout)
+        assert not self.is_alive(), "the load thread did not finish"
+        self.client.close()
+        if self.error is not None:
+            raise self.error
+
+
+def results(client: runstream.Client, run_ids: list[str], timeout: float) -> dict[str, Any]:
+    """run id -> its output, or the exception its result() raised, within one deadline
+    (past it, the remaining runs are not asked: they map to a TimeoutError)."""
+    deadline, out = time.monotonic() + timeout, {}
+    for run_id in run_ids:
+        left = deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError(f"not asked about run {run_id!r}: {timeout}s passed")
+            out[run_id] = client.result(run_id, timeout=left)
+        except (runstream.RunstreamError, TimeoutError) as exc:
+            out[run_id] = exc
+    return out
+
+
+def step_executions(step_log: Path) -> Counter[tuple[str, int]]:
+    """(run id, n) -> how many times tick n's body ran for that run (workflow `sleepy`)."""
+    lines = step_log.read_text().splitlines() if step_log.exists() else []
+    return Counter((run, int(n)) for run, n in (line.split() for line in lines))
+
+
+def journal_ends(bootstrap: str, ns: str) -> dict[int, int]:
+    """Partition -> 1 + the offset of its last committed fact: what an up-to-date projection
+    stores as its journal offset (the transaction markers after it are not facts)."""
+    ends: dict[int, int] = {}
+    for _, _, msg in read_topic(bootstrap, f"{ns}.journal", timeout=60):
+        ends[msg.partition()] = max(ends.get(msg.partition(), 0), msg.offset() + 1)
+    return ends
+
+
+def projection_copies(state: Path) -> dict[int, dict[str, tuple[int, list]]]:
+    """Partition -> {instance: (stored journal offset, full dump)} for every projection under
+    ``state`` (after churn a partition has a copy in each instance that ever owned it)."""
+    from runstream.projections.store import PartitionStore
+
+    copies: dict[int, dict[str, tuple[int, list]]] = {}
+    for d in sorted(state.glob("*/*/p*")):
+        store = PartitionStore(d, Codec.default(), read_only=True)
+        try:
+            copy = (store.journal_offset, store.dump())
+            copies.setdefault(int(d.name[1:]), {})[d.parent.name] = copy
+        finally:
+            store.close()
+    return copies
