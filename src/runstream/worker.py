@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +55,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("runstream.worker")
 
+#: Exit status of an instance that ended itself because a Kafka call hung.
+EXIT_HUNG = 75
+
 #: Step outputs above this go to the run as a failure instead of an oversize record.
 MAX_PAYLOAD_BYTES = 900 * 1024
 
@@ -72,6 +75,7 @@ class WorkerSettings:
     transaction_timeout_ms: int = 10_000  # how long a crashed instance can hold its partitions
     session_timeout_ms: int = 10_000
     create_topics: bool = True
+    exit_on_hang: bool = True  # end the process if a Kafka call hangs (see Worker._watchdog)
     partitions: int = 12  # only used when this instance creates the namespace's topics
     kafka: dict[str, Any] = field(default_factory=dict)  # extra librdkafka settings
 
@@ -129,6 +133,7 @@ class Worker:
         self._journal_end: dict[int, int] = {}
         self._delivery_error: KafkaError | None = None
         self._stopping = threading.Event()
+        self._blocked: tuple[str, float] | None = None  # a Kafka call under way, deadline
         self._executor = ThreadPoolExecutor(s.step_concurrency, thread_name_prefix="step")
         self.partitions = 0
         self._consumer: Consumer | None = None
@@ -143,6 +148,8 @@ class Worker:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop())
+        if self.settings.exit_on_hang:
+            threading.Thread(target=self._watchdog, name="watchdog", daemon=True).start()
         self._connect()
         log.info(
             "instance %s of %s started on %s (%d partitions)",
@@ -193,7 +200,8 @@ class Worker:
                 "on_delivery": self._delivered,
             }
         )
-        self.producer.init_transactions(60)
+        with self._watch("init_transactions", 75):
+            self.producer.init_transactions(60)
         static = {"group.instance.id": self.instance_id} if s.instance_id else {}
         self._consumer = Consumer(
             {
@@ -259,7 +267,8 @@ class Worker:
             tp = TopicPartition(self.topics.commands, p)
             # Waits while another instance's transaction holds offsets of p (KIP-447):
             # only then is the journal's end final.
-            (committed,) = self.consumer.committed([tp], timeout=60)
+            with self._watch("committed", 75):
+                (committed,) = self.consumer.committed([tp], timeout=60)
             position = committed.offset
             if position < 0:  # nothing committed yet: the partition's first offset
                 position = self.consumer.get_watermark_offsets(tp, timeout=30)[0]
@@ -514,27 +523,62 @@ class Worker:
                 for p in written | batch.consumed.keys()
             ]
             if offsets:
-                producer.send_offsets_to_transaction(
-                    offsets, self.consumer.consumer_group_metadata(), 30
+                metadata = self.consumer.consumer_group_metadata()
+                self._txn_call(
+                    "send_offsets_to_transaction",
+                    lambda: producer.send_offsets_to_transaction(offsets, metadata, 30),
                 )
-            while True:
-                try:
-                    producer.commit_transaction(30)
-                    break
-                except KafkaException as exc:
-                    if not exc.args[0].retriable():
-                        raise
+            self._txn_call("commit_transaction", lambda: producer.commit_transaction(30))
         except KafkaException as exc:
             err = exc.args[0]
             if not err.txn_requires_abort():
                 raise  # fatal (e.g. fenced by a newer instance): this process must restart
             log.warning("transaction aborted (%s); redoing the batch", err)
-            producer.abort_transaction(30)
+            self._txn_call("abort_transaction", lambda: producer.abort_transaction(30))
             for p, (first, _) in batch.consumed.items():
                 if p in self._owned:
                     self.consumer.seek(TopicPartition(self.topics.commands, p, first))
             return False
         return True
+
+    def _txn_call(self, what: str, call: Callable[[], object], limit: float = 45.0) -> None:
+        """Call a transactional API, again while librdkafka says the error is retriable.
+        Past ``limit`` seconds the watchdog ends the process (see `_watchdog`)."""
+        with self._watch(what, limit):
+            while True:
+                try:
+                    call()
+                    return
+                except KafkaException as exc:
+                    if not exc.args[0].retriable():
+                        raise
+                    log.warning("%s: %s; retrying", what, exc.args[0])
+                    time.sleep(0.1)
+
+    @contextlib.contextmanager
+    def _watch(self, what: str, limit: float) -> Iterator[None]:
+        self._blocked = (what, time.monotonic() + limit)
+        try:
+            yield
+        finally:
+            self._blocked = None
+
+    def _watchdog(self) -> None:
+        """End the process when a Kafka call outlives its deadline.
+
+        librdkafka can block in a transactional call forever when the group or
+        transaction coordinator dies at the wrong moment (librdkafka issues 5456 and
+        5511). Nothing can cancel the call, and a hung instance holds its partitions:
+        exiting is safe (nothing uncommitted counts) and lets the supervisor of
+        `runstream worker` start the instance again, which aborts the open transaction.
+        """
+        while True:
+            time.sleep(1.0)
+            blocked = self._blocked
+            if blocked is not None and time.monotonic() > blocked[1]:
+                log.critical("%s did not return; exiting so this instance restarts", blocked[0])
+                logging.shutdown()
+                os._exit(EXIT_HUNG)
 
     def _next_offset(self, batch: _Batch, p: int) -> int:
         consumed = batch.consumed.get(p)

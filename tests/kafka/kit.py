@@ -29,7 +29,8 @@ class ThreadWorker:
 
     def __init__(self, app: App, state_dir: Path, instance: str = "w1", **kw: Any) -> None:
         settings = WorkerSettings(instance_id=instance, state_dir=state_dir,
-                                  partitions=PARTITIONS, session_timeout_ms=6000, **kw)  # fmt: skip
+                                  partitions=PARTITIONS, session_timeout_ms=6000,
+                                  exit_on_hang=False, **kw)  # fmt: skip  # never exit pytest
         self.worker = Worker(app, settings)
         self.thread = threading.Thread(target=self.worker.run, daemon=True)
         self.thread.start()

@@ -92,24 +92,24 @@ def test_two_instances_one_sigkilled_mid_flight(kafka_bootstrap, ns, tmp_path):
 
 
 def test_a_run_that_keeps_crashing_its_instance_goes_dead(kafka_bootstrap, ns, tmp_path):
+    """The poison step SIGKILLs its engine process each time; the supervisor of
+    `runstream worker` starts it again, and the run goes dead without anyone's help."""
     log = tmp_path / "steps.log"
     state = tmp_path / "state"
     state.mkdir()
     env = {"RUNSTREAM_TEST_MAX_RECOVERY": "2"}
     worker = spawn_worker(kafka_bootstrap, ns, state, "w1", log, **env)
-    client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
-    client.start("poison", None, run_id="poison")
     try:
-        for _ in range(3):  # the first attempt and two recoveries each kill the instance
-            assert worker.wait(120) == -9
-            worker = spawn_worker(kafka_bootstrap, ns, state, "w1", log, **env)
+        client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
+        client.start("poison", None, run_id="poison")
         with pytest.raises(runstream.RunFailed, match=r"dead: .*interrupted 3 times"):
-            client.result("poison", timeout=120)
+            client.result("poison", timeout=180)
         client.start("three_steps", 1, run_id="healthy")  # the instance carries on
         assert client.result("healthy", timeout=60) == 4
+        assert worker.poll() is None  # the supervisor never gave up
     finally:
-        if worker.poll() is None:
-            terminate(worker)
+        _stop(worker)
+    # the first attempt and two recoveries each took the engine process down
     assert log.read_text().splitlines().count("crash") == 3
     dlq = read_topic(kafka_bootstrap, f"{ns}.dlq")
     assert [r["run_id"] for _, r, _ in dlq] == ["poison"]

@@ -73,10 +73,28 @@ def load_app(target: str) -> Any:
     help="Partition count if this instance creates the namespace's topics.",
 )
 @click.option("--concurrency", default=16, show_default=True, help="Local steps at once.")
-def worker(target: str, instance: str, state_dir: Path, partitions: int, concurrency: int) -> None:
+@click.option(
+    "--supervise/--no-supervise",
+    default=True,
+    show_default=True,
+    help="Run the engine in a child process and start it again whenever it dies.",
+)
+def worker(
+    target: str,
+    instance: str,
+    state_dir: Path,
+    partitions: int,
+    concurrency: int,
+    supervise: bool,
+) -> None:
     """Run an engine instance for the App at MODULE:APP until SIGTERM."""
     from runstream.worker import WorkerSettings
 
+    if supervise:
+        from runstream.supervisor import supervise as run_supervised
+
+        argv = [sys.executable, "-m", "runstream", *sys.argv[1:], "--no-supervise"]
+        sys.exit(run_supervised(argv))
     app = load_app(target)
     app.worker(
         WorkerSettings(
