@@ -55,6 +55,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--sleep", type=float, default=None, help="W4: the durable sleep, s (2)")
     p.add_argument(
+        "--supervisor-restart",
+        action="store_true",
+        help="W4: SIGKILL only the engine process below `runstream worker`'s supervisor and "
+        "let the supervisor start it again (default: SIGKILL the whole `runstream worker` "
+        "process tree, as a crash of its machine, and start it again)",
+    )
+    p.add_argument(
         "--sleepers", type=int, default=None, help="W7: runs on a 10-minute timer (100000)"
     )
     p.add_argument(

@@ -241,8 +241,10 @@ def _pdeathsig() -> None:
 
 
 class Sampler(threading.Thread):
-    """Samples the RSS of tracked processes every ``interval`` s. Peaks are kept per
-    group (the sum over the group's live processes) and per process."""
+    """Samples the RSS of tracked processes and of all their descendants every
+    ``interval`` s (``runstream worker`` runs the engine in a child process of a
+    supervisor). Peaks are kept per group (the sum over the group's live processes),
+    per group's largest single process, and per process."""
 
     def __init__(self, interval: float = 0.1) -> None:
         super().__init__(daemon=True, name="rss-sampler")
@@ -251,9 +253,11 @@ class Sampler(threading.Thread):
         self._lock = threading.Lock()
         self._halt = threading.Event()
         self.peak: dict[str, int] = {}
+        self.peak_single: dict[str, int] = {}
         self.peak_pid: dict[int, int] = {}
         self.last: dict[str, int] = {}
         self.cpu: dict[int, float] = {}  # pid -> user+system seconds, last seen
+        self.seen: dict[str, set[int]] = {}  # group -> every pid sampled since reset()
 
     def track(self, group: str, pid: int) -> None:
         with contextlib.suppress(psutil.Error), self._lock:
@@ -261,33 +265,50 @@ class Sampler(threading.Thread):
 
     def reset(self) -> None:
         with self._lock:
-            self.peak.clear()
-            self.peak_pid.clear()
-            self.cpu.clear()
+            for d in (self.peak, self.peak_single, self.peak_pid, self.cpu, self.seen):
+                d.clear()
             for group in self._groups.values():
                 for pid in [p for p, proc in group.items() if not proc.is_running()]:
                     del group[pid]
 
+    def tree(self, group: str) -> list[psutil.Process]:
+        """The group's tracked processes and their descendants, alive now."""
+        procs: dict[int, psutil.Process] = {}
+        for pid, proc in list(self._groups.get(group, {}).items()):
+            with contextlib.suppress(psutil.Error):
+                if proc.is_running():
+                    procs[pid] = proc
+                    for child in proc.children(recursive=True):
+                        procs[child.pid] = child
+        return list(procs.values())
+
     def sample(self) -> None:
         with self._lock:
-            for name, group in self._groups.items():
-                total = 0
-                for pid, proc in list(group.items()):
+            for name in self._groups:
+                total = biggest = 0
+                for proc in self.tree(name):
                     try:
                         rss = proc.memory_info().rss
                         t = proc.cpu_times()
                     except psutil.Error:
                         continue
-                    self.cpu[pid] = t.user + t.system
+                    self.seen.setdefault(name, set()).add(proc.pid)
+                    self.cpu[proc.pid] = t.user + t.system
                     total += rss
-                    self.peak_pid[pid] = max(self.peak_pid.get(pid, 0), rss)
+                    biggest = max(biggest, rss)
+                    self.peak_pid[proc.pid] = max(self.peak_pid.get(proc.pid, 0), rss)
                 self.last[name] = total
                 self.peak[name] = max(self.peak.get(name, 0), total)
+                self.peak_single[name] = max(self.peak_single.get(name, 0), biggest)
 
     def rss(self, group: str) -> int:
         """The group's RSS now (bytes)."""
         self.sample()
         return self.last.get(group, 0)
+
+    def cpu_seconds(self, group: str) -> float:
+        """CPU seconds of every process of the group sampled since reset()."""
+        return sum(self.cpu.get(pid, 0.0) for pid in self.seen.get(group, ()))
 
     def run(self) -> None:
         while not self._halt.wait(self.interval):
@@ -298,7 +319,10 @@ class Sampler(threading.Thread):
 
     def peaks_mb(self) -> dict[str, float]:
         self.sample()
-        return {g: round(v / 2**20, 1) for g, v in self.peak.items()}
+        out = {g: round(v / 2**20, 1) for g, v in self.peak.items()}
+        for g, v in self.peak_single.items():
+            out[f"{g}_largest_process"] = round(v / 2**20, 1)
+        return out
 
 
 class Engine:
@@ -370,12 +394,28 @@ class Engine:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def children(self) -> list[psutil.Process]:
+        """The processes below `runstream worker` (its supervised engine process)."""
+        if not self.alive():
+            return []
+        assert self.proc is not None
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+
     def kill(self) -> int | None:
-        """SIGKILL: a crash. Returns the exit code."""
+        """SIGKILL `runstream worker` and every process below it at once: a crash of the
+        machine's engine. Returns the exit code of the `runstream worker` process."""
         if self.alive():
             assert self.proc is not None
+            below = self.children()
             self.proc.send_signal(signal.SIGKILL)
+            for child in below:
+                with contextlib.suppress(psutil.Error):
+                    child.kill()
             self.proc.wait(10)
+            psutil.wait_procs(below, timeout=10)
         return self.proc.returncode if self.proc else None
 
     def stop(self, timeout: float = 30) -> int | None:

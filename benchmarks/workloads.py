@@ -57,9 +57,8 @@ def engines(
         yield started
     finally:
         bench.sampler.sample()
-        rep["engine_cpu_s"] = round(
-            sum(bench.sampler.cpu.get(pid, 0.0) for e in bench.engines for pid in e.pids), 2
-        )
+        rep["engine_cpu_s"] = round(bench.sampler.cpu_seconds("engine"), 2)
+        rep["engine_processes"] = len(bench.sampler.seen.get("engine", ()))
         rep["peak_rss_mb"] = bench.sampler.peaks_mb()
         rep["engine_exit_codes"] = [e.stop() for e in bench.engines]
         problems = [p for e in bench.engines for p in e.problems()]
@@ -94,9 +93,12 @@ def _record_common(record: dict[str, Any], reps: list[dict[str, Any]]) -> None:
     record["repeats"] = reps
     record["peak_rss_mb"] = {
         "engine": _peak(reps, "engine"),
+        "engine_largest_process": _peak(reps, "engine_largest_process"),
         "broker": _peak(reps, "broker"),
-        "note": "max over repeats of the sampled peak (100 ms) of the "
-        "summed RSS of the engine processes / the broker JVM",
+        "note": "max over repeats of the sampled peak (every 100 ms) of the summed RSS "
+        "of the engine processes (each `runstream worker` and its descendants: the "
+        "supervisor and the engine child) / of the largest single engine process / of "
+        "the broker JVM",
     }
 
 
@@ -402,10 +404,13 @@ def w4(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
         "sleep_s": nap,
         "repeat": args.repeat,
         "workflow": "nap: step note(1), durable sleep, step note(2)",
+        "kill": "the engine child only; its supervisor starts it again"
+        if args.supervisor_restart
+        else "`runstream worker` and every process below it; the harness starts it again",
         "measure": "start all runs; once the lifecycle topic shows every run "
         "suspended on its timer, SIGKILL the engine and start it again at "
         "once (same --instance and --state-dir); time from that restart "
-        "(Popen) until the last terminal lifecycle event",
+        "(Popen, or the supervisor's new child seen) until the last terminal lifecycle event",
     }
     reps = []
     for r in range(args.repeat):
@@ -431,16 +436,17 @@ def w4(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
                 all_asleep = lc.wait_count("suspended", runs, 60)
                 t_kill = time.perf_counter()
                 asleep, done_before = len(lc.suspended), len(lc.terminal)
-                rep["killed_exit_code"] = engine.kill()
+                rep["engine_rss_before_kill_mb"] = round(bench.sampler.rss("engine") / 2**20, 1)
+                if args.supervisor_restart:
+                    t_restart = _kill_engine_child(engine, rep)
+                else:
+                    rep["killed_exit_code"] = engine.kill()
+                    t_restart = time.perf_counter()
+                    engine.start()
                 rep["killed_after_s"] = round(t_kill - t0, 3)
                 rep["asleep_at_kill"] = asleep
                 rep["all_asleep_at_kill"] = all_asleep
                 rep["completed_before_kill"] = done_before
-                rep["engine_rss_before_kill_mb"] = round(
-                    bench.sampler.peak_pid.get(engine.pid or -1, 0) / 2**20, 1
-                )
-                t_restart = time.perf_counter()
-                engine.start()
                 finished = lc.wait_count("terminal", runs, args.timeout or 180)
                 t_done = max((t for _, _, t in lc.terminal.values()), default=t_restart)
                 rep["restart_to_all_completed_s"] = (
@@ -489,10 +495,34 @@ def w4(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
     line = (
         f"W4: runs lost {fmt_spread(summary['runs_lost'], '', 0)}, duplicated step "
         f"executions {fmt_spread(summary['duplicated_step_executions'], '', 0)}, restart "
-        f"-> all completed {fmt_spread(summary['restart_to_all_completed_s'], ' s', 2)}; "
+        f"-> all completed {fmt_spread(summary['restart_to_all_completed_s'], ' s', 2)} "
+        f"(kill -> all completed {fmt_spread(summary['kill_to_all_completed_s'], ' s', 2)}); "
         f"{runs} runs x {args.repeat}"
+        + ("; the supervisor restarted the engine" if args.supervisor_restart else "")
     )
     return record, line
+
+
+def _kill_engine_child(engine: Engine, rep: dict[str, Any]) -> float:
+    """SIGKILL only the engine process below `runstream worker`'s supervisor and wait
+    until the supervisor has started a new one; returns when it did (perf_counter)."""
+    children = engine.children()
+    if not children:
+        raise BenchError(
+            "`runstream worker` has no child process to kill: is it running "
+            "without its supervisor (--no-supervise)?"
+        )
+    old = {c.pid for c in children}
+    for child in children:
+        child.kill()
+    rep["killed_engine_pids"] = sorted(old)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        fresh = [c for c in engine.children() if c.pid not in old]
+        if fresh:
+            return time.perf_counter()
+        time.sleep(0.01)
+    raise BenchError("the supervisor did not start a new engine process within 120 s")
 
 
 class _JournalFacts:
