@@ -58,8 +58,9 @@ def parser() -> argparse.ArgumentParser:
         "--supervisor-restart",
         action="store_true",
         help="W4: SIGKILL only the engine process below `runstream worker`'s supervisor and "
-        "let the supervisor start it again (default: SIGKILL the whole `runstream worker` "
-        "process tree, as a crash of its machine, and start it again)",
+        "let the supervisor start it again; writes W4-supervisor.json (default: SIGKILL "
+        "the whole `runstream worker` process tree, as a crash of its machine, and start "
+        "it again)",
     )
     p.add_argument(
         "--sleepers", type=int, default=None, help="W7: runs on a 10-minute timer (100000)"
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                 failed.append(name)
                 bench.stop_engines()
                 continue
-            write_result(name, record, summary)
+            write_result(record.pop("result_name", name), record, summary)
     return 1 if failed else 0
 
 

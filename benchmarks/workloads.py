@@ -398,6 +398,8 @@ def w4(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
     runs = args.runs or 200
     nap = args.sleep or 2.0
     record = base_record(bench, "W4", "crash while sleeping", argv)
+    if args.supervisor_restart:
+        record["result_name"] = "W4-supervisor"  # its own file: W4.json stays the default
     record["instances"] = 1
     record["params"] = {
         "runs": runs,
