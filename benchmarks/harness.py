@@ -325,6 +325,13 @@ class Sampler(threading.Thread):
         return out
 
 
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 class Engine:
     """One engine instance: ``python -m runstream worker benchmarks.flows:app``."""
 
@@ -415,7 +422,11 @@ class Engine:
                 with contextlib.suppress(psutil.Error):
                     child.kill()
             self.proc.wait(10)
-            psutil.wait_procs(below, timeout=10)
+            # not our children: psutil.wait_procs would poll them with a growing interval
+            # (over a second); the next engine must not start before they are gone
+            deadline = time.monotonic() + 10
+            while any(_running(c) for c in below) and time.monotonic() < deadline:
+                time.sleep(0.002)
         return self.proc.returncode if self.proc else None
 
     def stop(self, timeout: float = 30) -> int | None:
