@@ -479,6 +479,13 @@ def w4(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
                 "journal": journal.report(),
             }
         )
+        # The restart cannot finish the runs before their timers are due: how late after
+        # its due time did each run complete (RunCompleted at_ms - TimerScheduled due_ms)?
+        due = {r["run_id"]: r["due_ms"] for n, r in journal.facts if n == "TimerScheduled"}
+        late = [
+            float(rec["at_ms"] - due[rid]) for rid, (_, rec, _) in lc.terminal.items() if rid in due
+        ]
+        rep["completed_after_due_ms"] = latency_stats(late)
         log(
             f"W4 repeat {r + 1}: lost {rep['runs_lost']}, duplicated step executions "
             f"{rep['duplicated_step_executions']}, restart->all completed "
@@ -492,13 +499,18 @@ def w4(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
         "duplicated_step_executions",
     )
     summary = {k: spread(rep[k] for rep in reps) for k in keys}
+    summary["completed_after_due_ms"] = {
+        k: spread(rep["completed_after_due_ms"][k] for rep in reps) for k in ("p50", "max")
+    }
     record["summary"] = summary
     record = finish_record(record)
     line = (
         f"W4: runs lost {fmt_spread(summary['runs_lost'], '', 0)}, duplicated step "
         f"executions {fmt_spread(summary['duplicated_step_executions'], '', 0)}, restart "
         f"-> all completed {fmt_spread(summary['restart_to_all_completed_s'], ' s', 2)} "
-        f"(kill -> all completed {fmt_spread(summary['kill_to_all_completed_s'], ' s', 2)}); "
+        f"(kill -> all completed {fmt_spread(summary['kill_to_all_completed_s'], ' s', 2)}; "
+        f"completed after due: max "
+        f"{fmt_spread(summary['completed_after_due_ms']['max'], ' ms', 0)}); "
         f"{runs} runs x {args.repeat}"
         + ("; the supervisor restarted the engine" if args.supervisor_restart else "")
     )
