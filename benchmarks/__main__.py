@@ -90,6 +90,13 @@ def parser() -> argparse.ArgumentParser:
         help="seconds to wait for runs to finish before calling them lost",
     )
     p.add_argument(
+        "--warmup-seconds",
+        type=float,
+        default=60,
+        help="unmeasured W2 load on a throwaway namespace before the first workload, to "
+        "warm the broker's JIT up; 0 to skip (default 60)",
+    )
+    p.add_argument(
         "--keep", action="store_true", help="keep the work dir (broker data, engine state and logs)"
     )
     return p
@@ -105,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
     failed = []
     with Bench(args.bootstrap, keep=args.keep) as bench:
+        if args.warmup_seconds > 0:
+            workloads.warm_broker(bench, args.warmup_seconds)
         for name in names:
             log(f"{name}: starting")
             try:

@@ -467,6 +467,7 @@ class Bench:
         self.engines: list[Engine] = []
         self.sampler = Sampler()
         self.broker_startup_s: float | None = None
+        self.warmup: dict[str, Any] | None = None  # the broker warm-up, once done
 
     def __enter__(self) -> Bench:
         signal.signal(signal.SIGTERM, _raise_exit)
@@ -787,6 +788,7 @@ def base_record(bench: Bench, workload: str, title: str, argv: list[str]) -> dic
             "external": bench.external,
             "nodes": 1,
             "startup_s": bench.broker_startup_s,
+            "warmup": bench.warmup,
         },
         "partitions": PARTITIONS,
     }
