@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{name}: starting")
             try:
                 record, summary = WORKLOADS[name](bench, args, _argv_for(argv, name))
+                record["invoked_as"] = "python -m benchmarks " + " ".join(argv)
             except (KeyboardInterrupt, SystemExit):
                 raise
             except Exception as exc:
