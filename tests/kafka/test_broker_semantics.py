@@ -17,6 +17,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from runstream.config import client_config
+from runstream.topics.partitioner import partition_for
 
 pytestmark = pytest.mark.kafka
 
@@ -127,39 +128,6 @@ def test_send_offsets_to_transaction_moves_offset_only_on_commit(kafka_bootstrap
         consumer.close()
 
 
-def murmur2(data: bytes) -> int:
-    """Kafka's Utils.murmur2 (the Java client's default partitioner hash), unsigned 32-bit."""
-    m, mask = 0x5BD1E995, 0xFFFFFFFF
-    h = (0x9747B28C ^ len(data)) & mask
-    whole = len(data) - len(data) % 4
-    for i in range(0, whole, 4):
-        k = (int.from_bytes(data[i : i + 4], "little") * m) & mask
-        k = ((k ^ (k >> 24)) * m) & mask
-        h = ((h * m) & mask) ^ k
-    tail = data[whole:]
-    if len(tail) == 3:
-        h ^= tail[2] << 16
-    if len(tail) >= 2:
-        h ^= tail[1] << 8
-    if tail:
-        h = ((h ^ tail[0]) * m) & mask
-    h = ((h ^ (h >> 13)) * m) & mask
-    return h ^ (h >> 15)
-
-
-def test_murmur2_helper_matches_kafka_test_vectors():
-    # From Kafka's UtilsTest.testMurmur2 (signed Java ints).
-    for data, java in (
-        (b"21", -973932308),
-        (b"foobar", -790332482),
-        (b"a-little-bit-long-string", -985981536),
-        (b"a-little-bit-longer-string", -1486304829),
-        (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
-        (b"abc", 479470107),
-    ):
-        assert murmur2(data) == java & 0xFFFFFFFF
-
-
 def test_murmur2_random_puts_a_key_in_the_same_partition_of_every_topic(
     kafka_bootstrap, kafka_admin, ns
 ):
@@ -183,4 +151,4 @@ def test_murmur2_random_puts_a_key_in_the_same_partition_of_every_topic(
     assert first == second and len(first) == len(keys)
     assert len(set(first.values())) > 1  # keys really spread out
     # and the same partition the Java client's default partitioner would choose
-    assert all(p == (murmur2(k) & 0x7FFFFFFF) % partitions for k, p in first.items())
+    assert all(p == partition_for(k, partitions) for k, p in first.items())
