@@ -82,6 +82,15 @@ def _rows(name: str, d: dict[str, Any]) -> list[tuple[str, str, str]]:
                 f"{p['runs']} runs (+{p['warmup']} warm-up); x{reps}",
             ),
         ]
+    if name == "W4-supervisor":
+        return [
+            (
+                "W4 variant: supervisor restarts the engine; kill -> all completed",
+                _s(s["kill_to_all_completed_s"], " s", 2),
+                f"{p['runs']} runs; lost {_s(s['runs_lost'], '', 0)}, duplicated steps "
+                f"{_s(s['duplicated_step_executions'], '', 0)}; x{reps}",
+            ),
+        ]
     if name == "W4":
         return [
             (
@@ -92,7 +101,10 @@ def _rows(name: str, d: dict[str, Any]) -> list[tuple[str, str, str]]:
             (
                 "W4 restart → all completed",
                 _s(s["restart_to_all_completed_s"], " s", 2),
-                "SIGKILL while all runs sleep; restart at once on the same state",
+                "SIGKILL while all runs sleep; restart at once on the same state; the last "
+                "run completed "
+                + _s(s["completed_after_due_ms"]["max"], " ms", 0)
+                + " after its timer was due",
             ),
         ]
     if name == "W5":
@@ -148,19 +160,24 @@ def _rows(name: str, d: dict[str, Any]) -> list[tuple[str, str, str]]:
 def main() -> int:
     out = ["| figure | median (min-max) | size |", "|---|---|---|"]
     meta = []
-    for name in ("floor", "W1", "W2", "W3", "W4", "W5", "W6", "W7"):
+    for name in ("floor", "W1", "W2", "W3", "W4", "W4-supervisor", "W5", "W6", "W7"):
         path = RESULTS / f"{name}.json"
         if not path.exists():
             continue
         d = json.loads(path.read_text())
         out += [f"| {a} | {b} | {c} |" for a, b, c in _rows(name, d)]
         v = d["versions"]
+        rss = d["peak_rss_mb"]
+        engine = (
+            f"engine {rss['engine']} MB (largest process {rss.get('engine_largest_process')} MB), "
+            if rss.get("engine")
+            else ""
+        )
         meta.append(
             f"{name}: {d['date']}, load {d['load_average_before']} → "
             f"{d['load_average_after']}, commit {(v['runstream_git_commit'] or '?')[:7]}"
             f"{' (+ uncommitted src changes)' if v.get('runstream_src_changes') else ''}, "
-            f"peak RSS engine {d['peak_rss_mb'].get('engine')} MB, broker "
-            f"{d['peak_rss_mb'].get('broker')} MB"
+            f"peak RSS {engine}broker {rss.get('broker')} MB"
         )
     print("\n".join(out))
     print()
