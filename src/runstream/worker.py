@@ -263,59 +263,75 @@ class Worker:
         consumer.incremental_unassign(tps)
 
     def _restore_assigned(self) -> None:
-        while self._to_restore:
-            p = self._to_restore.pop(0)
-            started = time.monotonic()
-            tp = TopicPartition(self.topics.commands, p)
-            # Waits while another instance's transaction holds offsets of p (KIP-447):
-            # only then is the journal's end final.
-            with self._watch("committed", 75):
-                (committed,) = self.consumer.committed([tp], timeout=60)
-            position = committed.offset
+        """Catch every newly assigned partition up with its journal, all in one pass."""
+        if not self._to_restore:
+            return
+        started = time.monotonic()
+        tps = [TopicPartition(self.topics.commands, p) for p in self._to_restore]
+        self._to_restore = []
+        # Waits while another instance's transaction holds offsets of these partitions
+        # (KIP-447): only then is the journal's end final.
+        with self._watch("committed", 75):
+            committed = self.consumer.committed(tps, timeout=60)
+        for tp in committed:
+            position = tp.offset
             if position < 0:  # nothing committed yet: the partition's first offset
                 position = self.consumer.get_watermark_offsets(tp, timeout=30)[0]
-            store = PartitionStore(self.state_dir / f"p{p}", self.codec)
+            store = PartitionStore(self.state_dir / f"p{tp.partition}", self.codec)
             self._generation += 1
-            owned = self._owned[p] = _Owned(store, self._generation, position)
-            facts = self._catch_up(p, store)
+            self._owned[tp.partition] = _Owned(store, self._generation, position)
+        restored = {tp.partition: self._owned[tp.partition] for tp in tps}
+        facts = self._catch_up({p: owned.store for p, owned in restored.items()})
+        for p, owned in restored.items():
+            store, gen = owned.store, owned.generation
             for due, run_id, seq in store.timers():
-                heapq.heappush(self._timers, (due, p, owned.generation, run_id, seq))
-            self._requeued += [("recover", p, owned.generation, r) for r in store.running()]
-            self._requeued += [("resume", p, owned.generation, r) for r in store.parked()]
-            self.consumer.resume([tp])
-            log.info(
-                "partition %d restored: %d facts in %.2fs", p, facts, time.monotonic() - started
-            )
+                heapq.heappush(self._timers, (due, p, gen, run_id, seq))
+            self._requeued += [("recover", p, gen, r) for r in store.running()]
+            self._requeued += [("resume", p, gen, r) for r in store.parked()]
+        self.consumer.resume(tps)
+        log.info(
+            "partitions %s restored: %d facts in %.2fs",
+            sorted(restored),
+            facts,
+            time.monotonic() - started,
+        )
 
-    def _catch_up(self, p: int, store: PartitionStore) -> int:
-        """Apply journal partition p from the projection's offset to its (stable) end."""
+    def _catch_up(self, stores: dict[int, PartitionStore]) -> int:
+        """Apply each journal partition from its projection's offset to its (stable) end."""
         assert self._restorer is not None
-        self._restorer.assign([TopicPartition(self.topics.journal, p, store.journal_offset)])
-        changes: dict[str, tuple[RunState, RunState, list[bytes]]] = {}
-        count, offset = 0, store.journal_offset
-        while True:
+        self._restorer.assign(
+            [TopicPartition(self.topics.journal, p, s.journal_offset) for p, s in stores.items()]
+        )
+        changes: dict[int, dict[str, tuple[RunState, RunState, list[bytes]]]] = {
+            p: {} for p in stores
+        }
+        offsets = {p: s.journal_offset for p, s in stores.items()}
+        count, open_partitions = 0, set(stores)
+        while open_partitions:
             msg = self._restorer.poll(1.0)
             if msg is None:
                 continue
-            err = msg.error()
+            err, p = msg.error(), msg.partition()
             if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    break
-                raise KafkaException(err)
+                if err.code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(err)
+                open_partitions.discard(p)
+                continue
             name, rec = self.codec.decode(msg.value())
-            run_id = rec["run_id"]
-            if run_id not in changes:
-                before = store.get(run_id)
-                changes[run_id] = (before, before.copy(), [])
-            _, after, encoded = changes[run_id]
+            run_id, runs = rec["run_id"], changes[p]
+            if run_id not in runs:
+                before = stores[p].get(run_id)
+                runs[run_id] = (before, before.copy(), [])
+            _, after, encoded = runs[run_id]
             apply(after, Fact(name, rec))
             encoded.append(msg.value())
-            count, offset = count + 1, msg.offset() + 1
-            if len(changes) >= 2000:
-                store.commit(changes.values(), offset)
-                changes = {}
-        if changes:
-            store.commit(changes.values(), offset)
+            count, offsets[p] = count + 1, msg.offset() + 1
+            if len(runs) >= 2000:
+                stores[p].commit(runs.values(), offsets[p])
+                changes[p] = {}
+        for p, runs in changes.items():
+            if runs:
+                stores[p].commit(runs.values(), offsets[p])
         self._restorer.unassign()
         return count
 
