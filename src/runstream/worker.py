@@ -132,7 +132,6 @@ class Worker:
         self._early: list[tuple[int, int, StepTask, StepOutcome]] = []  # taken while waiting
         self._in_flight = 0
         self._journal_end: dict[int, int] = {}
-        self._delivery_error: KafkaError | None = None
         self.stats: Counter[str] = Counter()  # transactions, aborted, commands, facts
         self._stopping = threading.Event()
         self._blocked: tuple[str, float] | None = None  # a Kafka call under way, deadline
@@ -523,7 +522,6 @@ class Worker:
         journal, lifecycle_topic = self._journal_topic, self.topics.lifecycle
         fx = batch.effects
         self._journal_end.clear()
-        self._delivery_error = None
         producer.begin_transaction()
         try:
             for fact in fx.facts:
@@ -631,9 +629,8 @@ class Worker:
                 self.producer.poll(0.05)
 
     def _delivered(self, err: KafkaError | None, msg: Message) -> None:
-        if err is not None:
-            self._delivery_error = err  # the commit fails with an abortable error too
-        elif msg.topic() == self._journal_topic:
+        # A failed delivery needs nothing here: commit_transaction then fails as abortable.
+        if err is None and msg.topic() == self._journal_topic:
             p, end = msg.partition(), msg.offset() + 1
             if end > self._journal_end.get(p, 0):
                 self._journal_end[p] = end
