@@ -4,6 +4,7 @@ from runstream.app import App
 from runstream.client import Client, RunInfo
 from runstream.engine.replay import Context
 from runstream.errors import (
+    CommandNotDelivered,
     InvalidInput,
     NonDeterminismError,
     RunCancelled,
@@ -20,6 +21,7 @@ from runstream.worker import Worker, WorkerSettings
 __all__ = [
     "App",
     "Client",
+    "CommandNotDelivered",
     "Context",
     "InvalidInput",
     "NonDeterminismError",

@@ -20,7 +20,13 @@ from pydantic import BaseModel
 
 from runstream.config import client_config, resolve_bootstrap
 from runstream.engine import payload
-from runstream.errors import RunCancelled, RunFailed, RunNotFound, TopicError
+from runstream.errors import (
+    CommandNotDelivered,
+    RunCancelled,
+    RunFailed,
+    RunNotFound,
+    TopicError,
+)
 from runstream.schemas.codec import Codec
 from runstream.topics.partitioner import partition_for
 from runstream.topics.spec import Topics
@@ -65,6 +71,7 @@ class Client:
         self._listening: set[int] = set()  # lifecycle partitions assigned
         self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()  # run id -> terminal
         self._replies: dict[str, dict[str, Any]] = {}
+        self._undelivered: list[str] = []  # commands Kafka refused, not yet reported
 
     def __enter__(self) -> Client:
         return self
@@ -74,6 +81,7 @@ class Client:
 
     def close(self) -> None:
         self._producer.flush(10)
+        self._raise_undelivered()
         if self._listener is not None:
             self._listener.close()
             self._listener = None
@@ -170,15 +178,32 @@ class Client:
 
     # -- internals ---------------------------------------------------------------------
     def _send(self, run_id: str, name: str, rec: dict[str, Any], wait: bool = True) -> None:
+        """Produce a command. With ``wait``, raise unless Kafka acknowledged it; without,
+        a failed delivery is kept and raised by the next waiting call or `close()`."""
         p = partition_for(run_id.encode(), self._partitions)
+
+        def delivered(err: Any, _msg: Any) -> None:
+            if err is not None:
+                self._undelivered.append(f"{name} for run {run_id!r}: {err}")
+
         self._producer.produce(
-            self.topics.commands, self.codec.encode(name, rec), run_id.encode(), partition=p
+            self.topics.commands,
+            self.codec.encode(name, rec),
+            run_id.encode(),
+            partition=p,
+            on_delivery=delivered,
         )
-        if wait:
-            if self._producer.flush(30) > 0:
-                raise TimeoutError(f"Kafka at {self.bootstrap} did not take the {name} command")
-        else:
+        if not wait:
             self._producer.poll(0)
+            return
+        if self._producer.flush(30) > 0:
+            raise TimeoutError(f"Kafka at {self.bootstrap} did not take the {name} command")
+        self._raise_undelivered()
+
+    def _raise_undelivered(self) -> None:
+        if self._undelivered:
+            lost, self._undelivered = self._undelivered, []
+            raise CommandNotDelivered(f"Kafka did not take {len(lost)} command(s): {lost[:5]}")
 
     def _ask(self, run_id: str, deadline: float, terminal: bool) -> dict[str, Any] | None:
         """Query the run's owner while listening to the run's lifecycle partition. Returns

@@ -10,6 +10,7 @@
      ├─ InvalidInput             a workflow input failed its pydantic model
      ├─ NonDeterminismError      workflow code no longer fits the run's history
      ├─ RunNotFound
+     ├─ CommandNotDelivered      Kafka refused a command the client produced
      ├─ RunFailed                client.result() of a failed or dead run
      ├─ RunCancelled             client.result() of a cancelled run
      └─ StepError                a step failed for good (raised inside workflow code)
@@ -75,6 +76,10 @@ class NonDeterminismError(RunstreamError):
 
 class RunNotFound(RunstreamError):
     """No run with that id exists."""
+
+
+class CommandNotDelivered(RunstreamError):
+    """Kafka did not take a command (start, signal, cancel) the client produced."""
 
 
 class RunFailed(RunstreamError):

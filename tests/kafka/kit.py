@@ -119,6 +119,7 @@ class SteadyStarts(threading.Thread):
         self.client = runstream.Client(ns, bootstrap)
         self.workflow, self.value, self.run_ids, self.seconds = workflow, value, run_ids, seconds
         self.error: BaseException | None = None
+        self.undelivered = ""  # what Kafka refused, reported by finish()
         self.start()
 
     def run(self) -> None:
@@ -137,7 +138,10 @@ class SteadyStarts(threading.Thread):
     def finish(self, timeout: float = 180) -> None:
         self.join(timeout)
         assert not self.is_alive(), "the load thread did not finish"
-        self.client.close()
+        try:
+            self.client.close()
+        except runstream.CommandNotDelivered as exc:  # a start lost while a broker died
+            self.undelivered = str(exc)
         if self.error is not None:
             raise self.error
 

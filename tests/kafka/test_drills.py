@@ -248,6 +248,12 @@ def _drill_under_load(
         what = hit()
         back_after = time.monotonic() - began - hit_at
         load.finish()
+        # Starts are idempotent by run id: send them all again, as a client that saw a
+        # delivery failure would, so a start Kafka refused while its broker died counts.
+        for run_id in run_ids:
+            client.start("sleepy", 1.0, run_id=run_id, wait=False)
+        client.close()
+        client = runstream.Client(ns, bootstrap)
         outputs = results(client, run_ids, timeout=settle)
         took = time.monotonic() - began
     finally:
@@ -255,6 +261,7 @@ def _drill_under_load(
         exits = [_stop(proc) for proc in procs]  # 0: alive, and stopped cleanly on SIGTERM
     report = audit(bootstrap, ns, expect_finished=True)
     summary = (
+        f"{load.undelivered or 'every start delivered'}; "
         f"{runs} runs started over {seconds}s; {what} at {hit_at}s, back after "
         f"{back_after:.1f}s; all settled {took:.1f}s after the first start; instances "
         f"exited {exits}"

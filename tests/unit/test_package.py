@@ -13,9 +13,10 @@ SRC = Path(runstream.__file__).parent
 def test_public_names_are_pinned():
     assert runstream.__all__ == sorted(runstream.__all__)
     assert set(runstream.__all__) == {
-        "App", "Client", "Context", "InvalidInput", "NonDeterminismError", "RunCancelled",
-        "RunFailed", "RunInfo", "RunNotFound", "RunstreamError", "SignalTimeout",
-        "StepError", "TerminalStepError", "Worker", "WorkerSettings", "WorkflowNotFound",
+        "App", "Client", "CommandNotDelivered", "Context", "InvalidInput",
+        "NonDeterminismError", "RunCancelled", "RunFailed", "RunInfo", "RunNotFound",
+        "RunstreamError", "SignalTimeout", "StepError", "TerminalStepError", "Worker",
+        "WorkerSettings", "WorkflowNotFound",
     }  # fmt: skip
 
 
