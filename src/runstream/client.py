@@ -28,6 +28,7 @@ from runstream.errors import (
     TopicError,
 )
 from runstream.schemas.codec import Codec
+from runstream.topics.consume import consume_ready
 from runstream.topics.partitioner import partition_for
 from runstream.topics.spec import Topics
 
@@ -258,7 +259,7 @@ class Client:
 
     def _pump(self, timeout: float) -> None:
         assert self._listener is not None
-        for msg in _consume(self._listener, timeout):
+        for msg in consume_ready(self._listener, timeout):
             if msg.error() is not None:
                 continue
             name, rec = self.codec.decode(msg.value())
@@ -282,13 +283,6 @@ class Client:
 
 _CONTINUED = "continued as "
 _TERMINAL_EVENTS = {f"run.{s}" for s in TERMINAL}
-
-
-def _consume(consumer: Consumer, timeout: float, limit: int = 500) -> list[Any]:
-    """Wait up to ``timeout`` for one record, then take what else is already there.
-    (``consume(n, timeout)`` alone would wait the whole timeout for n records.)"""
-    first = consumer.poll(timeout)
-    return [] if first is None else [first, *consumer.consume(limit - 1, 0)]
 
 
 def _run_info(info: dict[str, Any]) -> RunInfo:

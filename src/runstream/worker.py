@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from runstream.client import _consume
 from runstream.config import client_config, resolve_bootstrap
 from runstream.engine import lifecycle, payload
 from runstream.engine.decide import Decider, Effects, StepOutcome, StepTask, run_info
@@ -48,6 +47,7 @@ from runstream.errors import (
 from runstream.projections.store import PartitionStore
 from runstream.schemas.codec import Codec
 from runstream.topics.admin import check_copartitioned, ensure_topics
+from runstream.topics.consume import consume_ready
 from runstream.topics.partitioner import partition_for
 from runstream.topics.spec import Topics
 
@@ -339,11 +339,11 @@ class Worker:
         """The next commands; returns early when internal work is ready."""
         limit = self.settings.batch_size
         if self._requeued or self._early or not self._outcomes.empty():
-            return _consume(self.consumer, 0, limit)
+            return consume_ready(self.consumer, 0, limit)
         if self._in_flight:
             # consume() can't be woken by a finishing step: look at Kafka without
             # waiting, then wait on the step outcomes (woken at once) for a moment.
-            msgs = _consume(self.consumer, 0, limit)
+            msgs = consume_ready(self.consumer, 0, limit)
             if not msgs:
                 with contextlib.suppress(queue.Empty):
                     self._early.append(self._outcomes.get(timeout=0.002))
@@ -352,7 +352,7 @@ class Worker:
         wait = 0.5
         if self._timers:
             wait = max(0.0, min(wait, self._timers[0][0] / 1000 - time.time()))
-        return _consume(self.consumer, wait, limit)
+        return consume_ready(self.consumer, wait, limit)
 
     def _gather_wave(self) -> None:
         """Steps started by one transaction tend to end together: wait up to 1 ms for the
@@ -692,7 +692,7 @@ class Worker:
         """On shutdown: take no new commands, but record the steps still running."""
         self.consumer.pause(self.consumer.assignment())
         while self._in_flight and time.monotonic() < deadline:
-            self._process(_consume(self.consumer, 0.01))
+            self._process(consume_ready(self.consumer, 0.01))
         self._process([])
 
 

@@ -286,6 +286,13 @@ def _assert_drill(d: SimpleNamespace, tmp_path) -> str:
 BROKER_SETTLE_TIMEOUT = 150
 
 
+def _broker_drill(bootstrap, ns, tmp_path, hit):
+    """Two instances, 200 runs started over 20 s, ``hit()`` the brokers 8 s in."""
+    return _drill_under_load(
+        bootstrap, ns, tmp_path, ("e0", "e1"), 200, 20, 8, hit, settle=BROKER_SETTLE_TIMEOUT
+    )
+
+
 def test_broker_sigkilled_and_restarted_under_load(tmp_path):
     kafka = _private_kafka(tmp_path, nodes=1)
     bootstrap = kafka.start()
@@ -297,17 +304,7 @@ def test_broker_sigkilled_and_restarted_under_load(tmp_path):
         return "broker SIGKILLed and restarted"
 
     try:
-        drill = _drill_under_load(
-            bootstrap,
-            ns,
-            tmp_path,
-            ("e0", "e1"),
-            200,
-            20,
-            8,
-            restart_broker,
-            settle=BROKER_SETTLE_TIMEOUT,
-        )
+        drill = _broker_drill(bootstrap, ns, tmp_path, restart_broker)
     finally:
         kafka.stop()
     print(f"\nbroker restart: {drill.summary}")
@@ -332,17 +329,7 @@ def test_one_of_three_brokers_sigkilled_under_load(tmp_path):
             kafka.kill_node(node)
             return f"node {node} (group coordinator) SIGKILLed"
 
-        drill = _drill_under_load(
-            bootstrap,
-            ns,
-            tmp_path,
-            ("e0", "e1"),
-            200,
-            20,
-            8,
-            kill_coordinator,
-            settle=BROKER_SETTLE_TIMEOUT,
-        )
+        drill = _broker_drill(bootstrap, ns, tmp_path, kill_coordinator)
     finally:
         kafka.stop()
     print(f"\n3-node cluster: {drill.summary}")
