@@ -43,6 +43,7 @@ from runstream.audit import AuditReport, audit
 from runstream.config import client_config
 from runstream.topics.admin import describe_topics, ensure_topics
 from runstream.topics.partitioner import partition_for
+from runstream.worker import EXIT_HUNG
 
 from .kit import (
     PARTITIONS,
@@ -275,7 +276,9 @@ def _assert_drill(d: SimpleNamespace, tmp_path) -> str:
     assert not _unfinished(d.outputs), d.summary
     _assert_clean(d.report)
     steps = _check_steps(d.log, d.report, d.run_ids)
-    assert d.exits == [0] * len(d.exits), f"see the instance logs in {tmp_path}: {d.summary}"
+    # 0: stopped cleanly on SIGTERM. EXIT_HUNG: SIGTERM came while librdkafka was stuck in
+    # a transactional call (the hang these drills exist for), so the watchdog ended it.
+    assert set(d.exits) <= {0, EXIT_HUNG}, f"see the instance logs in {tmp_path}: {d.summary}"
     return steps
 
 
