@@ -1,7 +1,11 @@
-"""``python -m benchmarks W1|..|W7|floor|all [--repeat N] [flags]``
+"""``python -m benchmarks W1|..|W7|floor|all [more workloads] [--repeat N] [flags]``
 
-Starts a local single-node Kafka (or uses ``--bootstrap``), runs the workload(s),
-writes ``benchmarks/results/<W>.json`` and prints one summary line per workload.
+Starts a local single-node Kafka (or uses ``--bootstrap``), runs the workload(s) in the
+order given, on that one broker, writes ``benchmarks/results/<W>.json`` and prints one
+summary line per workload.
+
+``python -m benchmarks compare [--peers DIR] [flags]`` runs this harness interleaved with
+the peers' harnesses (see ``benchmarks/compare.py``).
 """
 
 from __future__ import annotations
@@ -9,29 +13,44 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
+from collections.abc import Callable
+from typing import Any
 
-from . import floor, workloads
-from .harness import Bench, log, write_result
+# The harness (and with it runstream) is imported only when a workload runs, so that
+# `compare`, which only starts subprocesses, does not load the engine's code.
+WORKLOADS = ("floor", "W1", "W2", "W3", "W4", "W5", "W6", "W7")
 
-WORKLOADS = {
-    "floor": floor.floor,
-    "W1": workloads.w1,
-    "W2": workloads.w2,
-    "W3": workloads.w3,
-    "W4": workloads.w4,
-    "W5": workloads.w5,
-    "W6": workloads.w6,
-    "W7": workloads.w7,
-}
+
+def _functions() -> dict[str, Callable[..., Any]]:
+    from . import floor, workloads
+
+    return {
+        "floor": floor.floor,
+        "W1": workloads.w1,
+        "W2": workloads.w2,
+        "W3": workloads.w3,
+        "W4": workloads.w4,
+        "W5": workloads.w5,
+        "W6": workloads.w6,
+        "W7": workloads.w7,
+    }
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks",
         description="Runstream benchmarks (BENCHMARKS.md). Defaults follow BENCHMARKS.md; "
-        "flags change sizes. Results: benchmarks/results/<W>.json.",
+        "flags change sizes. Results: benchmarks/results/<W>.json. Side by side with the "
+        "peers: `python -m benchmarks compare --help`.",
     )
-    p.add_argument("workload", choices=[*WORKLOADS, "all"], type=_workload)
+    p.add_argument(
+        "workload",
+        nargs="+",
+        choices=[*WORKLOADS, "all"],
+        type=_workload,
+        help="one or more workloads, run in this order on one broker after one warm-up "
+        "(`all`: floor, then W1..W7)",
+    )
     p.add_argument(
         "--repeat",
         type=int,
@@ -108,8 +127,20 @@ def _workload(value: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["compare"]:
+        from . import compare  # imports no runstream code: it only runs subprocesses
+
+        return compare.main(argv[1:])
     args = parser().parse_args(argv)
-    names = list(WORKLOADS) if args.workload == "all" else [args.workload]
+    from . import workloads
+    from .harness import Bench, log, write_result
+
+    functions = _functions()
+    names: list[str] = []
+    for w in args.workload:
+        for name in WORKLOADS if w == "all" else [w]:
+            if name not in names:
+                names.append(name)
     failed = []
     with Bench(args.bootstrap, keep=args.keep) as bench:
         if args.warmup_seconds > 0:
@@ -117,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             log(f"{name}: starting")
             try:
-                record, summary = WORKLOADS[name](bench, args, _argv_for(argv, name))
+                record, summary = functions[name](bench, args, _argv_for(argv, name))
                 record["invoked_as"] = "python -m benchmarks " + " ".join(argv)
             except (KeyboardInterrupt, SystemExit):
                 raise
@@ -133,7 +164,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _argv_for(argv: list[str], name: str) -> list[str]:
-    return [name if a.lower() == "all" else a for a in argv]
+    """The command line of one workload: ``name`` in place of the workload arguments."""
+    out: list[str] = []
+    for a in argv:
+        if a.lower() == "all" or _workload(a) in WORKLOADS:
+            if name not in out:
+                out.append(name)
+        else:
+            out.append(a)
+    return out
 
 
 if __name__ == "__main__":
