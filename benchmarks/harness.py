@@ -37,11 +37,10 @@ import psutil
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 import runstream
-from runstream import localkafka
-from runstream.config import client_config
+from runstream.dev import localkafka
+from runstream.engine.partitioner import partition_for
 from runstream.schemas.codec import Codec
-from runstream.topics.admin import ensure_topics
-from runstream.topics.partitioner import partition_for
+from runstream.topics.admin import client_config, ensure_topics
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -226,7 +225,7 @@ def engine_settings(bootstrap: str, ns: str) -> dict[str, Any]:
         "engine_consumer": _jsonable(consumers.get("engine", {})),
         "engine_restore_consumer": _jsonable(consumers.get("restore", {})),
         "client_producer": _jsonable(captured.get("client_producer", {})),
-        "broker_overrides": "runstream.localkafka.LocalKafka single node defaults "
+        "broker_overrides": "runstream.dev.localkafka.LocalKafka single node defaults "
         "(RF 1, 2 network + 2 io threads, -Xmx512m)",
     }
 

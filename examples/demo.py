@@ -23,9 +23,9 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 
 import runstream
-from runstream.config import client_config
 from runstream.schemas.codec import Codec
-from runstream.topics.admin import ensure_topics
+from runstream.schemas.records import LifecycleEvent
+from runstream.topics.admin import client_config, ensure_topics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,14 +49,15 @@ def tail_lifecycle(
         msg = consumer.poll(0.2)
         if msg is None or msg.error():
             continue
-        _, e = codec.decode(msg.value())
-        at = datetime.fromtimestamp(e["at_ms"] / 1000).strftime("%H:%M:%S.%f")[:-3]
-        what = e["step"] or e["workflow"]
-        extra = e["error"] or e["reason"] or ""
-        if e["duration_ms"] is not None:
-            extra = f"{e['duration_ms']} ms {extra}".strip()
-        print(f"  {at}  {e['type']:<15} {e['run_id']:<10} {what:<34} {extra}", flush=True)
-        if e["run_id"] == "order-A" and "waiting for signal" in (e["reason"] or ""):
+        e = codec.decode(msg.value())
+        assert isinstance(e, LifecycleEvent)
+        at = datetime.fromtimestamp(e.at_ms / 1000).strftime("%H:%M:%S.%f")[:-3]
+        what = e.step or e.workflow
+        extra = e.error or e.reason or ""
+        if e.duration_ms is not None:
+            extra = f"{e.duration_ms} ms {extra}".strip()
+        print(f"  {at}  {e.type:<15} {e.run_id:<10} {what:<34} {extra}", flush=True)
+        if e.run_id == "order-A" and "waiting for signal" in (e.reason or ""):
             waiting.set()
     consumer.close()
 
@@ -68,7 +69,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="runstream-demo-"))
     broker = None
     if not bootstrap:
-        from runstream import localkafka
+        from runstream.dev import localkafka
 
         print("Starting a local Kafka broker (KRaft, from Maven jars)...", flush=True)
         broker = localkafka.LocalKafka(
@@ -84,22 +85,26 @@ def main() -> None:
         "RUNSTREAM_BOOTSTRAP_SERVERS": bootstrap,
         "PYTHONPATH": str(ROOT),
     }
-    print(f"Starting an engine instance for namespace {ns}...", flush=True)
-    engine = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "runstream",
-            "worker",
-            "examples.shop:app",
-            "--instance",
-            "demo-1",
-            "--state-dir",
-            str(work / "state"),
-        ],
-        env=env,
-        cwd=ROOT,
-    )
+    engine_log = work / "engine.log"
+    print(f"Starting an engine instance for namespace {ns} (log: {engine_log})...", flush=True)
+    with engine_log.open("wb") as out:  # the child keeps its own fd
+        engine = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "runstream",
+                "worker",
+                "examples.shop:app",
+                "--instance",
+                "demo-1",
+                "--state-dir",
+                str(work / "state"),
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     stop, waiting = threading.Event(), threading.Event()
     tail = threading.Thread(
         target=tail_lifecycle, args=(bootstrap, f"{ns}.lifecycle", stop, waiting)
@@ -115,11 +120,12 @@ def main() -> None:
             raise SystemExit("order-A never reached its approval step")
         print("  -- order-A waits for approval; sending signal 'approve' --", flush=True)
         client.signal("order-A", "approve", {"by": "ann"})
-        print(f"\norder-A completed: {client.result('order-A', timeout=60)}")
+        outcome_a = f"order-A completed: {client.result('order-A', timeout=60)}"
         try:
             client.result("order-B", timeout=60)
+            outcome_b = "order-B completed (unexpected)"
         except runstream.RunFailed as exc:
-            print(f"order-B failed, stock released: {exc.error}")
+            outcome_b = f"order-B failed, stock released: {exc.error}"
         time.sleep(0.5)  # let the last events print
         client.close()
     finally:
@@ -129,6 +135,7 @@ def main() -> None:
         engine.wait(30)
         if broker is not None:
             broker.stop()
+    print(f"\n{outcome_a}\n{outcome_b}", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Where the broker comes from, first that works:
 1. KAFKA_BOOTSTRAP_SERVERS, if set (a broker you run yourself);
-2. runstream.localkafka: a local KRaft JVM from cached Maven jars (needs java, and mvn once);
+2. runstream.dev.localkafka: a local KRaft JVM from cached Maven jars (needs java, and mvn once);
 3. testcontainers' KafkaContainer, if a Docker engine answers.
 None possible: the tests fail when CI=true, else they are skipped.
 """
@@ -17,9 +17,9 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from runstream import localkafka
-from runstream.config import client_config
+from runstream.dev import localkafka
 from runstream.errors import ConfigError
+from runstream.topics.admin import client_config
 
 
 def _local_kafka(tmp_path_factory: pytest.TempPathFactory) -> localkafka.LocalKafka | None:

@@ -9,7 +9,6 @@ from runstream.engine.workflow import Registry, StepPolicy, step_def, workflow_d
 
 if TYPE_CHECKING:
     from runstream.client import Client
-    from runstream.worker import Worker, WorkerSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -81,8 +80,9 @@ class App:
     ) -> Any:
         """Declare a step's retry policy: ``retries`` more attempts with exponential
         ``backoff`` seconds; ``non_retryable`` exception types fail the run's step at once;
-        ``timeout`` (seconds) bounds an ``async def`` step. Undecorated functions are
-        steps too, with the defaults."""
+        ``timeout`` (seconds) fails an attempt that runs longer (then retried like any
+        failure; see `engine.steps` for what happens to a sync step's thread).
+        Undecorated functions are steps too, with the defaults."""
         policy = StepPolicy(retries, backoff, max_backoff, tuple(non_retryable), timeout)
 
         def register(f: F) -> F:
@@ -92,15 +92,7 @@ class App:
         return register(fn) if fn is not None else register
 
     def client(self) -> Client:
+        """A `Client` for this namespace (on this App's Kafka)."""
         from runstream.client import Client
 
         return Client(self.namespace, self.bootstrap)
-
-    def worker(self, settings: WorkerSettings | None = None, **kw: Any) -> Worker:
-        from runstream.worker import Worker, WorkerSettings
-
-        return Worker(self, settings or WorkerSettings(**kw))
-
-    def run(self, **kw: Any) -> None:
-        """Run an engine instance in this process until SIGTERM/SIGINT."""
-        self.worker(**kw).run()

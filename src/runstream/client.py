@@ -15,25 +15,39 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import OFFSET_END, Consumer, KafkaException, Producer, TopicPartition
 from pydantic import BaseModel
 
-from runstream.config import client_config, resolve_bootstrap
 from runstream.engine import payload
+from runstream.engine.partitioner import partition_for
 from runstream.errors import (
-    CommandNotDelivered,
     RunCancelled,
     RunFailed,
     RunNotFound,
+    RunRejected,
     TopicError,
 )
 from runstream.schemas.codec import Codec
-from runstream.topics.consume import consume_ready
-from runstream.topics.partitioner import partition_for
+from runstream.schemas.records import (
+    TERMINAL,
+    Cancel,
+    Command,
+    Kind,
+    LifecycleEvent,
+    Signal,
+    StartRun,
+    Status,
+    run_id_problem,
+)
+from runstream.schemas.records import (
+    RunInfo as RunInfoRecord,
+)
+from runstream.settings import Settings
+from runstream.topics.admin import client_config
+from runstream.topics.kafka import CommandSender, Listener
 from runstream.topics.spec import Topics
 
-TERMINAL = ("completed", "failed", "cancelled", "dead")
 _RECENT = 10_000  # terminal events remembered for result() calls that come later
+_ENDS = {f"run.{s}" for s in (*TERMINAL, Status.REJECTED)}
 
 
 class RunInfo(BaseModel):
@@ -50,29 +64,34 @@ class RunInfo(BaseModel):
     started_at: datetime | None = None
     ended_at: datetime | None = None
     steps: int = 0
+    continued_as: str | None = None
 
 
 class Client:
-    """Talks to a namespace's engine instances through Kafka. Thread-safe."""
+    """Talks to a namespace's engine instances through Kafka. Thread-safe.
 
-    def __init__(self, namespace: str, bootstrap: str | None = None) -> None:
-        self.namespace = namespace
-        self.topics = Topics(namespace)
-        self.bootstrap = resolve_bootstrap(bootstrap)
+    Raises `KafkaUnavailable` if no broker answers within ``settings.connect_timeout``,
+    and `TopicError` if the namespace has no topics yet.
+    """
+
+    def __init__(
+        self, namespace: str, bootstrap: str | None = None, *, settings: Settings | None = None
+    ) -> None:
+        s = (settings or Settings()).with_bootstrap(bootstrap)
+        self.namespace, self.topics = namespace, Topics(namespace)
+        self.bootstrap = s.bootstrap()
         self.client_id = f"client-{uuid.uuid4().hex}"
         self.codec = Codec.default()
-        base = client_config(self.bootstrap)
-        self._producer = Producer(
-            {**base, "enable.idempotence": True, "linger.ms": 0, "partitioner": "murmur2_random"}
-        )
-        self._partitions = self._partition_count(self.topics.commands)
-        self._reply_partitions = self._partition_count(self.topics.replies)
+        self._config = client_config(self.bootstrap, s.kafka)
+        self._send_timeout = s.send_timeout
+        self._sender = CommandSender(self._config, s.send_timeout)
+        self._partitions = self._partition_count(self.topics.commands, s.connect_timeout)
+        self._reply_partitions = self._partition_count(self.topics.replies, s.connect_timeout)
         self._lock = threading.RLock()
-        self._listener: Consumer | None = None
+        self._listener: Listener | None = None
         self._listening: set[int] = set()  # lifecycle partitions assigned
-        self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()  # run id -> terminal
-        self._replies: dict[str, dict[str, Any]] = {}
-        self._undelivered: list[str] = []  # commands Kafka refused, not yet reported
+        self._recent: OrderedDict[str, LifecycleEvent] = OrderedDict()  # run id -> its end
+        self._replies: dict[str, RunInfoRecord] = {}
 
     def __enter__(self) -> Client:
         return self
@@ -81,11 +100,19 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self._producer.flush(10)
-        self._raise_undelivered()
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+        """Wait until Kafka took every command sent (`CommandNotDelivered` if it refused
+        one), then release the connections."""
+        try:
+            self._sender.close(self._send_timeout)
+        finally:
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until Kafka took every command sent (``send_timeout`` at most by default);
+        raises `CommandNotDelivered` naming the ones it refused."""
+        self._sender.flush(self._send_timeout if timeout is None else timeout)
 
     # -- commands --------------------------------------------------------------------
     def start(
@@ -99,24 +126,19 @@ class Client:
         wait: bool = True,
     ) -> str:
         """Start a run and return its id. Idempotent by ``run_id``: starting an id that
-        exists does nothing. ``wait=False`` returns before Kafka acknowledged it."""
+        exists does nothing. ``wait=False`` returns before Kafka acknowledged it (a refusal
+        is then raised by the next waiting call or `close`)."""
         name = getattr(workflow, "__runstream_workflow__", workflow)
         if not isinstance(name, str):
             raise TypeError(f"{workflow!r} is not a registered workflow or a workflow name")
         run_id = run_id or uuid.uuid4().hex
-        _check_run_id(run_id)
+        problem = run_id_problem(run_id, new=True)
+        if problem:
+            raise ValueError(problem)
         self._send(
-            run_id,
-            "StartRun",
-            {
-                "run_id": run_id,
-                "workflow": name,
-                "input": payload.dumps(input),
-                "version": version,
-                "parent_run_id": None,
-                "tags": tags or {},
-                "sent_at_ms": _now_ms(),
-            },
+            StartRun(
+                run_id, name, payload.dumps(input), version, None, dict(tags or {}), _now_ms()
+            ),
             wait,
         )
         return run_id
@@ -126,24 +148,12 @@ class Client:
     ) -> None:
         """Send signal ``name`` to a run; a signal id makes retries of this call count once."""
         self._send(
-            run_id,
-            "Signal",
-            {
-                "run_id": run_id,
-                "name": name,
-                "payload": payload.dumps(value),
-                "signal_id": signal_id or uuid.uuid4().hex,
-                "sent_at_ms": _now_ms(),
-            },
+            Signal(run_id, name, payload.dumps(value), signal_id or uuid.uuid4().hex, _now_ms())
         )
 
     def cancel(self, run_id: str, *, compensate: bool = False, reason: str = "") -> None:
         """Cancel a run (after its compensations if ``compensate``); a finished run stays."""
-        self._send(
-            run_id,
-            "Cancel",
-            {"run_id": run_id, "compensate": compensate, "reason": reason, "sent_at_ms": _now_ms()},
-        )
+        self._send(Cancel(run_id, compensate, reason, _now_ms()))
 
     # -- questions -------------------------------------------------------------------
     def get_run(self, run_id: str, timeout: float = 10.0) -> RunInfo:
@@ -154,74 +164,71 @@ class Client:
             raise TimeoutError(
                 f"no answer about run {run_id!r} within {timeout}s (is an engine instance running?)"
             )
-        if not info["found"]:
+        if not isinstance(info, RunInfoRecord) or not info.found:
             raise RunNotFound(f"no run {run_id!r} in namespace {self.namespace!r}")
+        if info.reply_error:
+            raise RunFailed(run_id, info.reply_error, "unanswerable")
         return _run_info(info)
 
     def result(self, run_id: str, timeout: float = 30.0) -> Any:
-        """The run's output once it ends (following continue-as-new); raises RunFailed,
-        RunCancelled, or TimeoutError."""
+        """The run's output once it ends (following continue-as-new). Raises RunFailed,
+        RunCancelled, RunRejected, RunNotFound (at once), or TimeoutError."""
         deadline = time.monotonic() + timeout
         with self._lock:
             while True:
                 end = self._ask(run_id, deadline, terminal=True)
                 if end is None:
                     raise TimeoutError(f"run {run_id!r} did not finish within {timeout}s")
-                status, reason = end["status"], end.get("reason") or ""
-                if status == "completed":
-                    if reason.startswith(_CONTINUED):
-                        run_id = reason.removeprefix(_CONTINUED)
+                if isinstance(end, RunInfoRecord) and not end.found:
+                    raise RunNotFound(f"no run {run_id!r} in namespace {self.namespace!r}")
+                status = end.type[4:] if isinstance(end, LifecycleEvent) else end.status
+                if status == Status.COMPLETED:
+                    if end.continued_as:
+                        run_id = end.continued_as
                         continue
-                    return payload.loads(end["output"])
-                if status == "cancelled":
-                    raise RunCancelled(run_id, end.get("reason") or "")
-                raise RunFailed(run_id, end.get("error") or end.get("reason") or "", status)
+                    if isinstance(end, RunInfoRecord) and end.reply_error:
+                        raise RunFailed(run_id, end.reply_error, "unanswerable")
+                    return payload.loads(end.output)
+                if status == Status.CANCELLED:
+                    raise RunCancelled(run_id, end.reason or "")
+                if status == Status.REJECTED:
+                    raise RunRejected(run_id, end.code or "", end.reason or "")
+                raise RunFailed(run_id, end.error or end.reason or "", status)
 
     # -- internals ---------------------------------------------------------------------
-    def _send(self, run_id: str, name: str, rec: dict[str, Any], wait: bool = True) -> None:
+    def _send(self, cmd: Command, wait: bool = True) -> None:
         """Produce a command. With ``wait``, raise unless Kafka acknowledged it; without,
         a failed delivery is kept and raised by the next waiting call or `close()`."""
-        p = partition_for(run_id.encode(), self._partitions)
-
-        def delivered(err: Any, _msg: Any) -> None:
-            if err is not None:
-                self._undelivered.append(f"{name} for run {run_id!r}: {err}")
-
-        self._producer.produce(
+        key = cmd.run_id.encode()
+        self._sender.send(
             self.topics.commands,
-            self.codec.encode(name, rec),
-            run_id.encode(),
-            partition=p,
-            on_delivery=delivered,
+            partition_for(key, self._partitions),
+            key,
+            self.codec.encode(cmd),
+            f"{cmd.AVRO} for run {cmd.run_id!r}",
         )
-        if not wait:
-            self._producer.poll(0)
-            return
-        if self._producer.flush(30) > 0:
-            raise TimeoutError(f"Kafka at {self.bootstrap} did not take the {name} command")
-        self._raise_undelivered()
+        if wait:
+            self._sender.flush(self._send_timeout)
 
-    def _raise_undelivered(self) -> None:
-        if self._undelivered:
-            lost, self._undelivered = self._undelivered, []
-            raise CommandNotDelivered(f"Kafka did not take {len(lost)} command(s): {lost[:5]}")
-
-    def _ask(self, run_id: str, deadline: float, terminal: bool) -> dict[str, Any] | None:
+    def _ask(
+        self, run_id: str, deadline: float, terminal: bool
+    ) -> RunInfoRecord | LifecycleEvent | None:
         """Query the run's owner while listening to the run's lifecycle partition. Returns
-        the answer (only a terminal one if ``terminal``), or None at the deadline."""
+        the answer (only a terminal one or a "no such run" if ``terminal``), or None at
+        the deadline."""
         self._listen(partition_for(run_id.encode(), self._partitions))
         request_id = uuid.uuid4().hex
-        self._send(
-            run_id,
-            "Query",
-            {"run_id": run_id, "request_id": request_id, "reply_to": self.client_id},
-        )
+        from runstream.schemas.records import Query
+
+        self._send(Query(run_id, request_id, self.client_id))
         while True:
             end = self._recent.get(run_id) if terminal else None
             if end is not None:
                 return end
             info = self._replies.pop(request_id, None)
-            if info is not None and (not terminal or info["status"] in TERMINAL):
+            if info is not None and (
+                not terminal or not info.found or info.status in (*TERMINAL, Status.REJECTED)
+            ):
                 return info
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -230,84 +237,65 @@ class Client:
 
     def _listen(self, lifecycle_partition: int) -> None:
         if self._listener is None:
-            self._listener = Consumer(
-                {
-                    **client_config(self.bootstrap),
-                    "group.id": self.client_id,
-                    "enable.auto.commit": False,
-                    "isolation.level": "read_committed",
-                    "fetch.wait.max.ms": 5,
-                }
-            )
+            self._listener = Listener(self._config, self.client_id)
             p = partition_for(self.client_id.encode(), self._reply_partitions)
-            self._listener.assign([self._from_end(self.topics.replies, p)])
+            self._from_end(self.topics.replies, p)
         if lifecycle_partition not in self._listening:
-            self._listener.incremental_assign(
-                [self._from_end(self.topics.lifecycle, lifecycle_partition)]
-            )
+            self._from_end(self.topics.lifecycle, lifecycle_partition)
             self._listening.add(lifecycle_partition)
 
-    def _from_end(self, topic: str, p: int) -> TopicPartition:
+    def _from_end(self, topic: str, p: int) -> None:
         # An explicit offset, not OFFSET_END: the position must be fixed before we ask,
         # or an answer that comes quickly could land before it and be missed.
         assert self._listener is not None
-        try:
-            _, high = self._listener.get_watermark_offsets(TopicPartition(topic, p), 10)
-        except KafkaException:
-            high = OFFSET_END
-        return TopicPartition(topic, p, high)
+        self._listener.add(topic, p, self._listener.end_offset(topic, p))
 
     def _pump(self, timeout: float) -> None:
         assert self._listener is not None
-        for msg in consume_ready(self._listener, timeout):
-            if msg.error() is not None:
+        for rec in self._listener.poll(timeout):
+            try:
+                msg = self.codec.decode(rec.value)
+            except Exception:  # not ours to judge: the engine writes these topics
                 continue
-            name, rec = self.codec.decode(msg.value())
-            if name == "RunInfo":
-                self._replies[rec["request_id"]] = rec
-            elif name == "LifecycleEvent" and rec["type"] in _TERMINAL_EVENTS:
-                rec["status"] = rec["type"].removeprefix("run.")
-                self._recent[rec["run_id"]] = rec
+            if isinstance(msg, RunInfoRecord):
+                self._replies[msg.request_id] = msg
+            elif isinstance(msg, LifecycleEvent) and msg.type in _ENDS:
+                self._recent[msg.run_id] = msg
                 if len(self._recent) > _RECENT:
                     self._recent.popitem(last=False)
 
-    def _partition_count(self, topic: str) -> int:
-        md = self._producer.list_topics(topic, timeout=30).topics.get(topic)
-        if md is None or md.error is not None or not md.partitions:
+    def _partition_count(self, topic: str, timeout: float) -> int:
+        n = self._sender.partitions(topic, timeout)
+        if n is None:
             raise TopicError(
                 f"topic {topic!r} does not exist: run `runstream topics create "
                 f"{self.namespace}` or start an engine instance"
             )
-        return len(md.partitions)
+        return n
 
 
-_CONTINUED = "continued as "
-_TERMINAL_EVENTS = {f"run.{s}" for s in TERMINAL}
-
-
-def _run_info(info: dict[str, Any]) -> RunInfo:
+def _run_info(info: RunInfoRecord) -> RunInfo:
     def ts(ms: int | None) -> datetime | None:
         return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
 
     return RunInfo(
-        run_id=info["run_id"],
-        status=info["status"],
-        workflow=info["workflow"],
-        version=info["version"],
-        input=payload.loads(info["input"]),
-        output=payload.loads(info["output"]),
-        error=info["error"],
-        reason=info["reason"],
-        started_at=ts(info["started_at_ms"]),
-        ended_at=ts(info["ended_at_ms"]),
-        steps=info["steps"],
+        run_id=info.run_id,
+        status=info.status,
+        workflow=info.workflow,
+        version=info.version,
+        input=payload.loads(info.input),
+        output=payload.loads(info.output),
+        error=info.error,
+        reason=info.reason,
+        started_at=ts(info.started_at_ms),
+        ended_at=ts(info.ended_at_ms),
+        steps=info.steps,
+        continued_as=info.continued_as,
     )
-
-
-def _check_run_id(run_id: str) -> None:
-    if not run_id or "\x00" in run_id or len(run_id.encode()) > 512:
-        raise ValueError("a run id is 1 to 512 bytes of text without NUL characters")
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+__all__ = ["Client", "Kind", "RunInfo"]

@@ -1,22 +1,27 @@
 """Every error Runstream raises on purpose.
 
-    RunstreamError
-     ├─ ConfigError              bad settings, missing Java/Maven, a port taken
-     ├─ KafkaSetupError          the local broker did not start (log tail inside)
-     ├─ TopicError               topics missing or not co-partitioned
-     ├─ SchemaError              cannot encode a record
-     │   └─ DecodeError          garbage, truncated record, unknown fingerprint (.kind says which)
-     ├─ WorkflowNotFound         no workflow of that name (or version) is registered
-     ├─ InvalidInput             a workflow input failed its pydantic model
-     ├─ NonDeterminismError      workflow code no longer fits the run's history
-     ├─ RunNotFound
-     ├─ CommandNotDelivered      Kafka refused a command the client produced
-     ├─ RunFailed                client.result() of a failed or dead run
-     ├─ RunCancelled             client.result() of a cancelled run
-     └─ StepError                a step failed for good (raised inside workflow code)
-         └─ TerminalStepError    raise it from a step: fail at once, no retry
+RunstreamError
+ ├─ ConfigError              bad settings, missing Java/Maven, a port taken
+ ├─ KafkaSetupError          the local broker did not start (log tail inside)
+ ├─ TopicError               topics missing or not co-partitioned
+ ├─ SchemaError              cannot encode a record
+ │   └─ DecodeError          garbage, truncated record, unknown fingerprint (.kind says which)
+ ├─ WorkflowNotFound         no workflow of that name (or version) is registered
+ ├─ InvalidInput             a workflow input failed its pydantic model
+ ├─ NonDeterminismError      workflow code no longer fits the run's history
+ ├─ RunNotFound
+ ├─ KafkaUnavailable         no broker answered at the bootstrap address in time
+ ├─ KafkaFatal               Kafka refused the instance for good (fenced, misconfigured)
+ ├─ CommandNotDelivered      Kafka refused a command the client produced
+ ├─ PayloadTooLarge          a command larger than Kafka takes
+ ├─ RunFailed                client.result() of a failed or dead run
+ ├─ RunCancelled             client.result() of a cancelled run
+ ├─ RunRejected              client.result() of a start the engine refused
+ └─ StepError                a step failed for good (raised inside workflow code)
+     └─ TerminalStepError    raise it from a step: fail at once, no retry
 
-    SignalTimeout(RunstreamError, TimeoutError)  wait_for_signal(timeout=...) expired
+SignalTimeout(RunstreamError, TimeoutError)  wait_for_signal(timeout=...) expired
+StepTimeout(RunstreamError, TimeoutError)    a step attempt ran past its timeout
 """
 
 from __future__ import annotations
@@ -78,8 +83,30 @@ class RunNotFound(RunstreamError):
     """No run with that id exists."""
 
 
+class KafkaUnavailable(RunstreamError):
+    """No Kafka broker answered at the bootstrap address within the connect timeout."""
+
+    def __init__(self, bootstrap: str, tried: str, cause: str = "") -> None:
+        because = f" ({cause})" if cause else ""
+        super().__init__(
+            f"cannot reach Kafka at {bootstrap}: {tried}{because}. Check that a broker runs "
+            "there (`runstream kafka status` for a local one), the address, and the TLS/SASL "
+            "settings"
+        )
+        self.bootstrap, self.tried, self.cause = bootstrap, tried, cause
+
+
+class KafkaFatal(RunstreamError):
+    """Kafka refused this client for good (e.g. a newer instance with the same id fenced
+    it); the process should end and, supervised, start again."""
+
+
 class CommandNotDelivered(RunstreamError):
     """Kafka did not take a command (start, signal, cancel) the client produced."""
+
+
+class PayloadTooLarge(RunstreamError):
+    """A command (its input or payload) is larger than Kafka takes; nothing was sent."""
 
 
 class RunFailed(RunstreamError):
@@ -96,6 +123,15 @@ class RunCancelled(RunstreamError):
     def __init__(self, run_id: str, reason: str = "") -> None:
         super().__init__(f"run {run_id!r} cancelled" + (f": {reason}" if reason else ""))
         self.run_id, self.reason = run_id, reason
+
+
+class RunRejected(RunstreamError):
+    """The engine refused to start the run (unknown workflow, invalid or oversize input).
+    ``code`` is the stable reason code, ``reason`` the explanation."""
+
+    def __init__(self, run_id: str, code: str, reason: str) -> None:
+        super().__init__(f"run {run_id!r} was rejected ({code}): {reason}")
+        self.run_id, self.code, self.reason = run_id, code, reason
 
 
 class StepError(RunstreamError):
@@ -116,3 +152,7 @@ class TerminalStepError(StepError):
 
 class SignalTimeout(RunstreamError, TimeoutError):
     """``wait_for_signal`` reached its timeout before a signal arrived."""
+
+
+class StepTimeout(RunstreamError, TimeoutError):
+    """A step attempt ran longer than its ``timeout``; it is retried by its policy."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 from pydantic import BaseModel
 
@@ -104,6 +105,41 @@ def make_app(ns: str, bootstrap: str | None = None, **kw) -> runstream.App:
     @app.workflow
     async def poison(ctx: runstream.Context) -> None:
         await ctx.step(crash)
+
+    @app.step
+    def work(run: str, seconds: float) -> str:
+        time.sleep(seconds)
+        _log(f"work {run}")
+        return run
+
+    @app.workflow
+    async def steady(ctx: runstream.Context, seconds: float) -> str:
+        return await ctx.step(work, ctx.run_id, seconds)
+
+    @app.workflow
+    async def nap_then_approval(ctx: runstream.Context, seconds: float) -> dict:
+        await ctx.sleep(seconds)
+        return {"approved_by": await ctx.wait_for_signal("approve")}
+
+    @app.workflow
+    async def spin(ctx: runstream.Context) -> None:
+        while True:  # workflow code that never yields: the time budget stops it
+            pass
+
+    @app.workflow
+    async def block(ctx: runstream.Context) -> None:
+        time.sleep(3600)  # a call no exception can interrupt: the instance restarts
+
+    @app.step
+    def big(n: int) -> str:
+        return "x" * n
+
+    @app.workflow
+    async def big_output(ctx: runstream.Context, n: int) -> str:
+        try:
+            return await ctx.step(big, n)
+        except runstream.StepError as exc:
+            return f"step failed: {exc.error}"
 
     return app
 

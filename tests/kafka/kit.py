@@ -16,9 +16,9 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 import runstream
-from runstream import App, Worker, WorkerSettings
-from runstream.config import client_config
+from runstream import App, Settings, Worker
 from runstream.schemas.codec import Codec
+from runstream.topics.admin import client_config
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTITIONS = 4  # small: each test creates its own namespace
@@ -28,9 +28,10 @@ class ThreadWorker:
     """An engine instance on a thread of the test process."""
 
     def __init__(self, app: App, state_dir: Path, instance: str = "w1", **kw: Any) -> None:
-        settings = WorkerSettings(instance_id=instance, state_dir=state_dir,
-                                  partitions=PARTITIONS, session_timeout_ms=6000,
-                                  exit_on_hang=False, **kw)  # fmt: skip  # never exit pytest
+        defaults: dict[str, Any] = {"partitions": PARTITIONS, "session_timeout_ms": 6000}
+        # exit_on_hang=False: a hung call must never end pytest
+        settings = Settings(instance_id=instance, state_dir=state_dir, exit_on_hang=False,
+                            **{**defaults, **kw})  # fmt: skip
         self.worker = Worker(app, settings)
         self.thread = threading.Thread(target=self.worker.run, daemon=True)
         self.thread.start()
@@ -41,20 +42,44 @@ class ThreadWorker:
         assert not self.thread.is_alive(), "worker did not stop within 30 s"
 
 
-def spawn_worker(bootstrap: str, ns: str, state_dir: Path, instance: str,
-                 step_log: Path | None = None, **env: str) -> subprocess.Popen[bytes]:  # fmt: skip
+def spawn_worker(
+    bootstrap: str,
+    ns: str,
+    state_dir: Path,
+    instance: str,
+    step_log: Path | None = None,
+    **env: str,
+) -> subprocess.Popen[bytes]:
     """An engine instance in its own process, running tests.kafka.flows:app."""
-    full_env = {**os.environ, "RUNSTREAM_TEST_NS": ns, "RUNSTREAM_BOOTSTRAP_SERVERS": bootstrap,
-                "PYTHONPATH": str(ROOT), **env}  # fmt: skip
+    full_env = {
+        **os.environ,
+        "RUNSTREAM_TEST_NS": ns,
+        "RUNSTREAM_BOOTSTRAP_SERVERS": bootstrap,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")]),
+        **env,
+    }
     if step_log is not None:
         full_env["RUNSTREAM_TEST_STEP_LOG"] = str(step_log)
     with open(state_dir.parent / f"{instance}.log", "ab") as log:  # the child keeps its own fd
         return subprocess.Popen(
-            [sys.executable, "-m", "runstream", "worker", "tests.kafka.flows:app",
-             "--instance", instance, "--state-dir", str(state_dir), "--partitions",
-             str(PARTITIONS)],
-            env=full_env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "runstream",
+                "worker",
+                "tests.kafka.flows:app",
+                "--instance",
+                instance,
+                "--state-dir",
+                str(state_dir),
+                "--partitions",
+                str(PARTITIONS),
+            ],
+            env=full_env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def kill(proc: subprocess.Popen[bytes]) -> None:
@@ -69,9 +94,15 @@ def terminate(proc: subprocess.Popen[bytes], timeout: float = 30) -> int:
 
 def read_topic(bootstrap: str, topic: str, timeout: float = 10.0) -> list[tuple[str, dict, Any]]:
     """Every committed record of ``topic``, decoded: (type name, record, message)."""
-    consumer = Consumer({**client_config(bootstrap), "group.id": f"read-{time.time_ns()}",
-                         "enable.auto.commit": False, "enable.partition.eof": True,
-                         "isolation.level": "read_committed"})  # fmt: skip
+    consumer = Consumer(
+        {
+            **client_config(bootstrap),
+            "group.id": f"read-{time.time_ns()}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
     try:
         md = consumer.list_topics(topic, timeout=10).topics[topic]
         parts = sorted(md.partitions)
@@ -87,7 +118,7 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 10.0) -> list[tuple[
                     at_end.add(msg.partition())
                 continue
             try:
-                name, rec = codec.decode(msg.value())
+                name, rec = codec.decode_raw(msg.value())
             except Exception:
                 name, rec = "<undecodable>", {}
             out.append((name, rec, msg))
@@ -97,9 +128,14 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 10.0) -> list[tuple[
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"):
+    """``predicate()``'s first true value; a predicate that times out asking (no engine
+    answers yet) counts as not yet."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        value = predicate()
+        try:
+            value = predicate()
+        except TimeoutError:
+            value = None
         if value:
             return value
         time.sleep(interval)
@@ -113,8 +149,9 @@ class SteadyStarts(threading.Thread):
     """Starts ``run_ids`` of ``workflow`` at a steady rate over ``seconds``, on a thread with
     its own Client, so load keeps arriving while a drill kills things."""
 
-    def __init__(self, bootstrap: str, ns: str, workflow: str, value: Any,
-                 run_ids: list[str], seconds: float) -> None:  # fmt: skip
+    def __init__(
+        self, bootstrap: str, ns: str, workflow: str, value: Any, run_ids: list[str], seconds: float
+    ) -> None:
         super().__init__(daemon=True)
         self.client = runstream.Client(ns, bootstrap)
         self.workflow, self.value, self.run_ids, self.seconds = workflow, value, run_ids, seconds
@@ -131,7 +168,10 @@ class SteadyStarts(threading.Thread):
                     time.sleep(delay)
                 self.client.start(self.workflow, self.value, run_id=run_id, wait=False)
             # librdkafka keeps retrying while a broker is away; wait as long as a drill may
-            self.client._producer.flush(120)
+            try:
+                self.client.flush(120)
+            except runstream.CommandNotDelivered as exc:  # a start lost while a broker died
+                self.undelivered = str(exc)
         except BaseException as exc:  # reported by finish()
             self.error = exc
 

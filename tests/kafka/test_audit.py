@@ -14,10 +14,9 @@ from confluent_kafka import Producer
 import runstream
 from runstream.audit import audit
 from runstream.cli.main import cli
-from runstream.config import client_config
+from runstream.engine.partitioner import partition_for
 from runstream.schemas.codec import Codec
-from runstream.topics.admin import ensure_topics
-from runstream.topics.partitioner import partition_for
+from runstream.topics.admin import client_config, ensure_topics
 
 from .flows import make_app
 from .kit import PARTITIONS, ThreadWorker, read_topic, wait_for
@@ -111,7 +110,7 @@ def _synthetic_run(codec: Codec, run_id: str, now: int) -> list[bytes]:
     step = {"name": "tests.tick", "attempt": 1}
     done = {**step, "output": b"1", "duration_ms": 1}
     return [
-        codec.encode(
+        codec.encode_raw(
             "RunStarted",
             {
                 **base,
@@ -122,13 +121,13 @@ def _synthetic_run(codec: Codec, run_id: str, now: int) -> list[bytes]:
                 "tags": {},
             },
         ),
-        codec.encode("StepStarted", {**base, **step, "seq": 1}),
-        codec.encode("StepCompleted", {**base, **done, "seq": 1}),
-        codec.encode("TimerScheduled", {**base, "seq": 2, "due_ms": now}),
-        codec.encode("TimerFired", {**base, "seq": 2}),
-        codec.encode("StepStarted", {**base, **step, "seq": 3}),
-        codec.encode("StepCompleted", {**base, **done, "seq": 3}),
-        codec.encode("RunCompleted", {**base, "output": b"null", "continued_as": None}),
+        codec.encode_raw("StepStarted", {**base, **step, "seq": 1}),
+        codec.encode_raw("StepCompleted", {**base, **done, "seq": 1}),
+        codec.encode_raw("TimerScheduled", {**base, "seq": 2, "due_ms": now}),
+        codec.encode_raw("TimerFired", {**base, "seq": 2}),
+        codec.encode_raw("StepStarted", {**base, **step, "seq": 3}),
+        codec.encode_raw("StepCompleted", {**base, **done, "seq": 3}),
+        codec.encode_raw("RunCompleted", {**base, "output": b"null", "continued_as": None}),
     ]
 
 

@@ -16,8 +16,8 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from runstream.config import client_config
-from runstream.topics.partitioner import partition_for
+from runstream.engine.partitioner import partition_for
+from runstream.topics.admin import client_config
 
 pytestmark = pytest.mark.kafka
 

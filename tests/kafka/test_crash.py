@@ -3,15 +3,17 @@ lost and no committed step runs again."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections import Counter
 
+import psutil
 import pytest
 
 import runstream
 
-from .kit import kill, read_topic, spawn_worker, terminate, wait_for
+from .kit import PARTITIONS, kill, read_topic, spawn_worker, terminate, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -93,7 +95,10 @@ def test_two_instances_one_sigkilled_mid_flight(kafka_bootstrap, ns, tmp_path):
 
 def test_a_run_that_keeps_crashing_its_instance_goes_dead(kafka_bootstrap, ns, tmp_path):
     """The poison step SIGKILLs its engine process each time; the supervisor of
-    `runstream worker` starts it again, and the run goes dead without anyone's help."""
+    `runstream worker` starts it again, and the run goes dead without anyone's help.
+    The first crash charges nobody (other steps might have been running); each crash
+    while the step runs alone, as a recovery, is the run's own: the fourth goes past
+    max_recovery_attempts=2."""
     log = tmp_path / "steps.log"
     state = tmp_path / "state"
     state.mkdir()
@@ -102,31 +107,129 @@ def test_a_run_that_keeps_crashing_its_instance_goes_dead(kafka_bootstrap, ns, t
     try:
         client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
         client.start("poison", None, run_id="poison")
-        with pytest.raises(runstream.RunFailed, match=r"dead: .*interrupted 3 times"):
+        with pytest.raises(runstream.RunFailed, match=r"dead: .*died, 3 times"):
             client.result("poison", timeout=180)
         client.start("three_steps", 1, run_id="healthy")  # the instance carries on
         assert client.result("healthy", timeout=60) == 4
         assert worker.poll() is None  # the supervisor never gave up
     finally:
         _stop(worker)
-    # the first attempt and two recoveries each took the engine process down
-    assert log.read_text().splitlines().count("crash") == 3
+    # the first attempt and three recoveries each took the engine process down
+    assert log.read_text().splitlines().count("crash") == 4
     dlq = read_topic(kafka_bootstrap, f"{ns}.dlq")
     assert [r["run_id"] for _, r, _ in dlq] == ["poison"]
     assert "max_recovery_attempts=2" in dlq[0][1]["reason"]
 
 
 def test_a_frozen_instance_is_fenced_when_it_wakes(kafka_bootstrap, ns, tmp_path):
-    """SIGSTOP one instance (a zombie: its session expires, its partitions move), let
-    the other take over, then SIGCONT it: nothing it had in hand may reach the journal."""
-    runs = 200
-    w1, w2, client, _ = _two_instances_busy(kafka_bootstrap, ns, tmp_path, runs, 0.5, 1 / 3)
+    """SIGSTOP one instance's engine while its runs sleep (a zombie: its session expires,
+    its partitions move), let the other finish everything, then SIGCONT it: it learns it
+    was fenced, and nothing it had in hand reaches the journal."""
+    runs, state = 200, tmp_path / "state"
+    w1, w2, client, _ = _two_instances_busy(kafka_bootstrap, ns, tmp_path, runs, 4.0, 1 / 3)
+    (engine,) = psutil.Process(w1.pid).children()  # the engine below w1's supervisor
     try:
-        w1.send_signal(signal.SIGSTOP)
+        wait_for(lambda: _owns(state, ns, "w1"), what="w1 to own partitions")
+        engine.send_signal(signal.SIGSTOP)  # its runs' timers come due while it sleeps
+        wait_for(lambda: len(_owns(state, ns, "w2")) == PARTITIONS, timeout=60,
+                 what="w2 to take w1's partitions over")  # fmt: skip
         results = {f"run-{i}": client.result(f"run-{i}", timeout=180) for i in range(runs)}
         assert set(results.values()) == {"rested"}
-        w1.send_signal(signal.SIGCONT)  # the zombie wakes with a batch in hand
-        time.sleep(8)
+        engine.send_signal(signal.SIGCONT)  # the zombie wakes with due timers in hand
+        # It learns it is fenced: its partitions are gone (lost), or the transaction it
+        # tries to commit is refused (its group generation is stale, KIP-447).
+        log = tmp_path / "w1.log"
+        fenced = wait_for(
+            lambda: [line for line in log.read_text().splitlines() if " lost" in line
+                     or "transaction aborted" in line],
+            timeout=60, what="the zombie to see it was fenced",
+        )  # fmt: skip
+        print(f"\nthe zombie, awake: {fenced[0][24:]}")
     finally:
         _stop(w1, w2)
     _check_journal(kafka_bootstrap, ns, runs)
+
+
+def test_a_poison_step_among_healthy_runs_takes_only_its_own_run_down(
+    kafka_bootstrap, ns, tmp_path
+):
+    """51 runs with a step in flight when the poison step kills the instance: the crash
+    is nobody's fault yet, so nobody is charged; the steps then run again one at a time,
+    and only the one that kills the process while running alone is charged, until dead."""
+    log, state = tmp_path / "steps.log", tmp_path / "state"
+    state.mkdir()
+    env = {"RUNSTREAM_TEST_MAX_RECOVERY": "1", "RUNSTREAM_STEP_CONCURRENCY": "64"}
+    worker = spawn_worker(kafka_bootstrap, ns, state, "w1", log, **env)
+    healthy = [f"healthy-{i}" for i in range(50)]
+    try:
+        client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
+        for run_id in healthy:
+            client.start("steady", 0.2, run_id=run_id, wait=False)
+        client.start("poison", None, run_id="poison")
+        with pytest.raises(runstream.RunFailed, match=r"dead: step .*crash was running alone"):
+            client.result("poison", timeout=180)
+        assert {client.result(r, timeout=120) for r in healthy} == set(healthy)
+        assert worker.poll() is None  # the supervisor restarted the engine each time
+    finally:
+        _stop(worker)
+    journal = read_topic(kafka_bootstrap, f"{ns}.journal")
+    dead = {r["run_id"] for n, r, _ in journal if n == "RunDead"}
+    assert dead == {"poison"}
+    charged = {r["run_id"]: r["recoveries"] for n, r, _ in journal if n == "RunRecovered"}
+    assert all(charged[r] == 0 for r in healthy if r in charged)  # recovered, never charged
+    crashes = log.read_text().splitlines().count("crash")
+    assert crashes == 3  # in the crowd (free), alone (charged 1 <= 1), alone again (dead)
+
+
+def test_workflow_code_blocked_in_a_call_restarts_the_instance_and_is_parked(
+    kafka_bootstrap, ns, tmp_path
+):
+    state = tmp_path / "state"
+    state.mkdir()
+    worker = spawn_worker(kafka_bootstrap, ns, state, "w1", RUNSTREAM_ACTIVATION_BUDGET="0.5")
+    try:
+        client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
+        client.start("block", None, run_id="blocker")
+        wait_for(lambda: client.get_run("blocker").status == "parked", timeout=120,
+                 what="the blocked run parked")  # fmt: skip
+        assert "blocked in a call that never returned" in client.get_run("blocker").reason
+        client.start("three_steps", 1, run_id="after")
+        assert client.result("after", timeout=60) == 4
+        assert worker.poll() is None
+    finally:
+        _stop(worker)
+    assert "exited with 75" in (tmp_path / "w1.log").read_text()  # it restarted once
+
+
+def test_a_final_stop_hands_the_partitions_over_at_once(kafka_bootstrap, ns, tmp_path):
+    """With --leave-on-stop a stopped instance leaves the group at once: the runs of its
+    partitions go on elsewhere well before the (here 45 s) session timeout."""
+    state = tmp_path / "state"
+    state.mkdir()
+    env = {"RUNSTREAM_LEAVE_ON_STOP": "true", "RUNSTREAM_SESSION_TIMEOUT_MS": "45000"}
+    w1 = spawn_worker(kafka_bootstrap, ns, state, "w1", **env)
+    w2 = spawn_worker(kafka_bootstrap, ns, state, "w2", **env)
+    try:
+        client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
+        for i in range(8):  # both instances own partitions once these complete
+            client.start("three_steps", i, run_id=f"warm-{i}")
+        assert [client.result(f"warm-{i}", timeout=60) for i in range(8)] == list(range(3, 11))
+        wait_for(lambda: _owns(state, ns, "w1") and _owns(state, ns, "w2"), what="both own")
+        assert terminate(w1) == 0
+        stopped = time.monotonic()
+        for i in range(8):
+            client.start("three_steps", i, run_id=f"after-{i}")
+        assert [client.result(f"after-{i}", timeout=60) for i in range(8)] == list(range(3, 11))
+        took = time.monotonic() - stopped
+        assert took < 30, f"the partitions moved only after {took:.0f}s"
+    finally:
+        _stop(w1, w2)
+
+
+def _owns(state, ns: str, instance: str) -> list[int]:
+    """The partitions an instance says (health.json) it runs."""
+    try:
+        health = json.loads((state / ns / instance / "health.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return health["partitions"] if health["status"] == "running" else []

@@ -26,6 +26,7 @@ runs over 30 s of churn (3 kills) by default. RUNSTREAM_DRILL_FULL=1 runs the fu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -38,12 +39,11 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 import runstream
-from runstream import localkafka
 from runstream.audit import AuditReport, audit
-from runstream.config import client_config
-from runstream.topics.admin import describe_topics, ensure_topics
-from runstream.topics.partitioner import partition_for
-from runstream.worker import EXIT_HUNG
+from runstream.dev import localkafka
+from runstream.engine.partitioner import partition_for
+from runstream.topics.admin import client_config, describe_topics, ensure_topics
+from runstream.topics.watchdog import EXIT_ABANDONED, EXIT_HUNG
 
 from .kit import (
     PARTITIONS,
@@ -276,9 +276,11 @@ def _assert_drill(d: SimpleNamespace, tmp_path) -> str:
     assert not _unfinished(d.outputs), d.summary
     _assert_clean(d.report)
     steps = _check_steps(d.log, d.report, d.run_ids)
-    # 0: stopped cleanly on SIGTERM. EXIT_HUNG: SIGTERM came while librdkafka was stuck in
-    # a transactional call (the hang these drills exist for), so the watchdog ended it.
-    assert set(d.exits) <= {0, EXIT_HUNG}, f"see the instance logs in {tmp_path}: {d.summary}"
+    # 0: stopped cleanly on SIGTERM. EXIT_HUNG: the watchdog ended a transactional call
+    # librdkafka was stuck in (the hang these drills exist for); EXIT_ABANDONED: SIGTERM
+    # came while it was stuck, and the instance stopped without waiting for it.
+    allowed = {0, EXIT_HUNG, EXIT_ABANDONED}
+    assert set(d.exits) <= allowed, f"see the instance logs in {tmp_path}: {d.summary}"
     return steps
 
 
@@ -296,22 +298,48 @@ def _broker_drill(bootstrap, ns, tmp_path, hit):
     )
 
 
-def test_broker_sigkilled_and_restarted_under_load(tmp_path):
+BROKER_DOWN = 30  # seconds the broker stays away
+
+
+def test_broker_sigkilled_for_30s_under_load(tmp_path):
+    """The instances wait the outage out without flooding their logs, carry on by
+    themselves when the broker is back, and the audit is clean."""
     kafka = _private_kafka(tmp_path, nodes=1)
     bootstrap = kafka.start()
     ns = f"drill{uuid.uuid4().hex[:8]}"
+    outage: list[float] = []
 
     def restart_broker() -> str:
         kafka.kill_node(0)
+        outage.append(time.time())
+        time.sleep(BROKER_DOWN)
         kafka.restart_node(0)
-        return "broker SIGKILLed and restarted"
+        outage.append(time.time())
+        return f"broker SIGKILLed for {BROKER_DOWN}s, then restarted"
 
     try:
         drill = _broker_drill(bootstrap, ns, tmp_path, restart_broker)
     finally:
         kafka.stop()
-    print(f"\nbroker restart: {drill.summary}")
-    print("broker restart audit: " + _assert_drill(drill, tmp_path))
+    lines = {name: _lines_between(tmp_path / f"{name}.log", outage[0], outage[1] + 10)
+             for name in ("e0", "e1")}  # fmt: skip
+    print(f"\nbroker outage: {drill.summary}; log lines during the outage {lines}")
+    print("broker outage audit: " + _assert_drill(drill, tmp_path))
+    assert all(n <= 60 for n in lines.values()), lines
+
+
+def _lines_between(path, start: float, end: float) -> int:
+    """Log lines of an instance stamped between two wall-clock times (a traceback's lines
+    count with the entry they belong to)."""
+    count, inside = 0, False
+    for line in path.read_text().splitlines():
+        try:
+            stamp = time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S"))
+            inside = start - 1 <= stamp <= end
+        except ValueError:
+            pass  # a continuation line
+        count += inside
+    return count
 
 
 def test_one_of_three_brokers_sigkilled_under_load(tmp_path):
@@ -337,3 +365,36 @@ def test_one_of_three_brokers_sigkilled_under_load(tmp_path):
         kafka.stop()
     print(f"\n3-node cluster: {drill.summary}")
     print("3-node audit: " + _assert_drill(drill, tmp_path))
+
+
+def test_a_start_kafka_never_took_raises_and_sending_it_again_is_idempotent(tmp_path):
+    """A start produced while the broker is down is reported (CommandNotDelivered), never
+    dropped silently; the client sends it again once Kafka is back, and the run starts once."""
+    kafka = _private_kafka(tmp_path, nodes=1)
+    bootstrap = kafka.start()
+    ns = f"drill{uuid.uuid4().hex[:8]}"
+    state = tmp_path / "state"
+    state.mkdir()
+    worker = None
+    try:
+        ensure_topics(bootstrap, ns, PARTITIONS)
+        client = runstream.Client(ns, bootstrap, settings=runstream.Settings(send_timeout=3))
+        kafka.kill_node(0)
+        with pytest.raises(runstream.CommandNotDelivered, match="StartRun for run 'once'"):
+            client.start("three_steps", 1, run_id="once")
+        with contextlib.suppress(runstream.CommandNotDelivered):
+            client.close()
+        kafka.restart_node(0)
+        worker = _spawn(bootstrap, ns, state, "w1")
+        client = wait_for(lambda: _client(ns, bootstrap), what="the broker back")
+        client.start("three_steps", 1, run_id="once")
+        client.start("three_steps", 1, run_id="once")  # a retry of the retry: no second run
+        assert client.result("once", timeout=60) == 4
+        client.close()
+        journal = audit(bootstrap, ns, expect_finished=True)
+        _assert_clean(journal)
+        assert journal.runs == 1 and journal.statuses == {"completed": 1}
+    finally:
+        if worker is not None:
+            _stop(worker)
+        kafka.stop()

@@ -11,9 +11,9 @@ import pytest
 from confluent_kafka import Producer
 
 import runstream
-from runstream.config import client_config
+from runstream.engine.partitioner import partition_for
 from runstream.schemas.codec import Codec
-from runstream.topics.partitioner import partition_for
+from runstream.topics.admin import client_config
 
 from .flows import make_app
 from .kit import PARTITIONS, ThreadWorker, read_topic, wait_for
@@ -27,7 +27,7 @@ def engine(kafka_bootstrap, ns, tmp_path, monkeypatch):
     log = tmp_path / "steps.log"
     monkeypatch.setenv("RUNSTREAM_TEST_STEP_LOG", str(log))
     app = make_app(ns, kafka_bootstrap)
-    worker = ThreadWorker(app, tmp_path / "state")
+    worker = ThreadWorker(app, tmp_path / "state", activation_budget=0.5)
     client = wait_for(lambda: _client(ns, kafka_bootstrap), what="the worker's topics")
     yield SimpleNamespace(app=app, client=client, log=log)
     client.close()
@@ -81,12 +81,45 @@ def test_start_is_idempotent_by_run_id(engine):
 def test_signal_sent_before_the_wait_is_buffered(engine, kafka_bootstrap, ns):
     client = engine.client
     client.signal("early", "approve", "ann")  # the run does not exist yet: dead-lettered
-    client.start("approval", None, run_id="early")
-    client.signal("early", "approve", "bob", signal_id="sig-1")
+    client.start("nap_then_approval", 2.0, run_id="early")  # sleeps 2 s before it waits
+    wait_for(lambda: _sleeping(kafka_bootstrap, ns, "early"), what="the run asleep")
+    client.signal("early", "approve", "bob", signal_id="sig-1")  # before the wait: buffered
     client.signal("early", "approve", "bob-again", signal_id="sig-1")  # a retry: counted once
-    assert client.result("early", timeout=60) == {"approved": True, "by": "bob"}
+    assert client.result("early", timeout=60) == {"approved_by": "bob"}
+    facts = [(n, r) for n, r, _ in read_topic(kafka_bootstrap, f"{ns}.journal")
+             if r["run_id"] == "early"]  # fmt: skip
+    names = [n for n, _ in facts]
+    assert names.index("SignalBuffered") < names.index("TimerFired") < names.index(
+        "SignalReceived")  # fmt: skip
+    assert names.count("SignalBuffered") == 1 and "SignalAwaited" not in names
     dlq = read_topic(kafka_bootstrap, f"{ns}.dlq")
-    assert [r["reason"] for _, r, _ in dlq] == ["signal 'approve' for unknown run 'early'"]
+    assert [(r["code"], r["reason"]) for _, r, _ in dlq] == [
+        ("unknown-run", "signal 'approve' for unknown run 'early'")
+    ]
+
+
+def _sleeping(bootstrap: str, ns: str, run_id: str) -> bool:
+    return any(r["run_id"] == run_id and (r["reason"] or "").startswith("sleeping")
+               for _, r, _ in read_topic(bootstrap, f"{ns}.lifecycle", timeout=2))  # fmt: skip
+
+
+def test_result_of_a_rejected_or_unknown_run_raises_at_once(engine):
+    client = engine.client
+    client.start("no_such_workflow", {}, run_id="rejected")
+    with pytest.raises(runstream.RunRejected, match=r"unknown-workflow.*no_such_workflow"):
+        client.result("rejected", timeout=60)  # not a TimeoutError after a minute
+    with pytest.raises(runstream.RunNotFound):
+        client.result("never-started", timeout=60)
+    assert client.get_run("rejected").status == "rejected"
+
+
+def test_workflow_code_that_loops_is_parked_and_the_others_flow(engine):
+    client = engine.client
+    client.start("spin", None, run_id="spinner")
+    client.start("three_steps", 1, run_id="neighbour")
+    assert client.result("neighbour", timeout=60) == 4
+    wait_for(lambda: client.get_run("spinner").status == "parked", what="parked")
+    assert "ran past its time budget" in client.get_run("spinner").reason
 
 
 def test_signal_wait_times_out(engine):
@@ -137,7 +170,7 @@ def test_bad_input_is_dead_lettered_and_never_blocks(engine, kafka_bootstrap, ns
     client.start("checkout", {"id": "not a number"}, run_id="bad-input")
     producer.produce(
         f"{ns}.commands",
-        codec.encode("RunCancelled", {"run_id": "x", "at_ms": 0, "reason": ""}),
+        codec.encode_raw("RunCancelled", {"run_id": "x", "at_ms": 0, "reason": ""}),
         b"x",
         partition=partition_for(b"x", PARTITIONS),
     )  # a fact is not a command

@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
-from runstream.config import client_config
+import runstream
+from runstream.engine.partitioner import partition_for
 from runstream.schemas.codec import Codec
-from runstream.topics.admin import ensure_topics
-from runstream.topics.partitioner import partition_for
+from runstream.topics.admin import client_config, ensure_topics
 from runstream.topics.spec import Topics
+
+from .kit import ThreadWorker
 
 pytestmark = pytest.mark.kafka
 
@@ -51,8 +53,16 @@ def _consume_one(bootstrap: str, topic: str, partitions: int, timeout: float = 3
     raise AssertionError(f"nothing on {topic} within {timeout}s")
 
 
-def test_example_script_starts_a_run(kafka_bootstrap: str, ns: str) -> None:
+def test_example_script_starts_a_run_an_engine_completes(
+    kafka_bootstrap: str, ns: str, tmp_path: Path
+) -> None:
     ensure_topics(kafka_bootstrap, ns, partitions=12)
+    app = runstream.App(ns, kafka_bootstrap)
+
+    @app.workflow
+    async def order(ctx: runstream.Context, value: dict) -> dict:
+        return {"took": value}
+
     run_id = f"order-{ns}-42"
     payload = {"order_id": 42, "items": ["book", "pen"], "note": "rush"}
     proc = subprocess.run(
@@ -82,7 +92,7 @@ def test_example_script_starts_a_run(kafka_bootstrap: str, ns: str) -> None:
     msg = _consume_one(kafka_bootstrap, Topics(ns).commands, 12)
     assert msg.key() == run_id.encode()
     assert msg.partition() == partition_for(run_id.encode(), 12)
-    name, record = Codec.default().decode(msg.value())
+    name, record = Codec.default().decode_raw(msg.value())
     assert name == "StartRun"
     assert record["run_id"] == run_id
     assert record["workflow"] == "order"
@@ -90,3 +100,10 @@ def test_example_script_starts_a_run(kafka_bootstrap: str, ns: str) -> None:
     assert record["version"] is None and record["parent_run_id"] is None
     assert record["tags"] == {}
     assert abs(record["sent_at_ms"] - time.time() * 1000) < 120_000
+
+    worker = ThreadWorker(app, tmp_path / "state", partitions=12)
+    try:
+        with runstream.Client(ns, kafka_bootstrap) as client:
+            assert client.result(run_id, timeout=60) == {"took": payload}
+    finally:
+        worker.stop()

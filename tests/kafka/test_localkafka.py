@@ -13,9 +13,9 @@ import psutil
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from runstream import localkafka
-from runstream.config import client_config
+from runstream.dev import localkafka
 from runstream.errors import ConfigError, KafkaSetupError
+from runstream.topics.admin import client_config
 
 pytestmark = [
     pytest.mark.kafka,

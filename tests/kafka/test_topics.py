@@ -9,11 +9,15 @@ from click.testing import CliRunner
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from runstream.cli.topics_cmd import topics as topics_cli
-from runstream.config import client_config
+from runstream.cli.main import cli
+from runstream.engine.partitioner import partition_for
 from runstream.errors import TopicError
-from runstream.topics.admin import check_copartitioned, describe_topics, ensure_topics
-from runstream.topics.partitioner import partition_for
+from runstream.topics.admin import (
+    check_copartitioned,
+    client_config,
+    describe_topics,
+    ensure_topics,
+)
 from runstream.topics.spec import Topics
 
 pytestmark = pytest.mark.kafka
@@ -119,16 +123,16 @@ def test_check_copartitioned_mismatch(kafka_bootstrap: str, ns: str) -> None:
 def test_cli_create_and_describe(kafka_bootstrap: str, ns: str) -> None:
     runner = CliRunner()
     result = runner.invoke(
-        topics_cli, ["create", ns, "--partitions", "2", "--bootstrap", kafka_bootstrap]
+        cli, ["topics", "create", ns, "--partitions", "2", "--bootstrap", kafka_bootstrap]
     )
     assert result.exit_code == 0, result.output
     assert f"created {ns}.journal" in result.output
     again = runner.invoke(
-        topics_cli, ["create", ns, "--partitions", "2", "--bootstrap", kafka_bootstrap]
+        cli, ["topics", "create", ns, "--partitions", "2", "--bootstrap", kafka_bootstrap]
     )
     assert again.exit_code == 0 and "already exist" in again.output
 
-    described = runner.invoke(topics_cli, ["describe", ns, "--bootstrap", kafka_bootstrap])
+    described = runner.invoke(cli, ["topics", "describe", ns, "--bootstrap", kafka_bootstrap])
     assert described.exit_code == 0, described.output
     lines = described.output.splitlines()
     assert lines[0].split()[:3] == ["TOPIC", "PARTITIONS", "RF"]
@@ -136,7 +140,8 @@ def test_cli_create_and_describe(kafka_bootstrap: str, ns: str) -> None:
     assert journal.split()[1:5] == ["2", "1", "delete", "-1"]
 
     wrong = runner.invoke(
-        topics_cli, ["create", ns, "--partitions", "5", "--bootstrap", kafka_bootstrap]
+        cli, ["topics", "create", ns, "--partitions", "5", "--bootstrap", kafka_bootstrap]
     )
-    assert wrong.exit_code == 1
-    assert wrong.stderr.startswith("Error: ") and "fixed" in wrong.stderr
+    assert wrong.exit_code == 1  # one line, the CLI's one error format
+    assert wrong.stderr.startswith("TopicError: ") and "fixed" in wrong.stderr
+    assert len(wrong.stderr.splitlines()) == 1

@@ -1,91 +1,114 @@
 """A tiny in-process driver of the pure core for unit tests: no Kafka, no RocksDB.
 
-It plays the shell's part: keeps states, runs step bodies at once, fires timers on
-a fake clock, and keeps every fact in one list so tests can check the journal.
+It plays the shell's part around the real `Decider`: commands go in as records on
+partition 0 (encoded as any producer would), each decision's working copies become the
+committed states (every "transaction" commits), step bodies run at once through the
+real `engine.steps.execute`, timers fire on a fake clock, and every fact is kept in one
+list so tests can check the journal.
 """
 
 from __future__ import annotations
 
-import traceback
 from typing import Any
 
 from runstream.engine import payload
-from runstream.engine.decide import Decider, Effects, StepOutcome, StepTask
+from runstream.engine.decide import Decider
+from runstream.engine.limits import Limits
 from runstream.engine.reducer import fold
-from runstream.engine.state import Fact, RunState
+from runstream.engine.state import RunState
+from runstream.engine.steps import execute
+from runstream.engine.work import Batch, LogRecord, Recover, Resume, StepJob, TimerDue, Work
 from runstream.engine.workflow import Registry
-from runstream.errors import TerminalStepError
+from runstream.schemas.codec import Codec
+from runstream.schemas.records import (
+    Cancel,
+    DeadLetter,
+    Fact,
+    LifecycleEvent,
+    Query,
+    Record,
+    RunInfo,
+    Signal,
+    StartRun,
+    StepResult,
+)
+
+JOURNAL = "t.journal"
 
 
 class Core:
-    def __init__(self, registry: Registry, max_recovery_attempts: int = 3) -> None:
-        self.decider = Decider(registry, max_recovery_attempts)
+    def __init__(
+        self, registry: Registry, max_recovery_attempts: int = 3, limits: Limits | None = None
+    ) -> None:
+        self.decider = Decider(
+            registry,
+            partitions=1,
+            journal_topic=JOURNAL,
+            limits=limits,
+            max_recovery_attempts=max_recovery_attempts,
+        )
+        self.codec = Codec.default()
         self.now = 1_000_000
         self.states: dict[str, RunState] = {}
         self.journal: list[Fact] = []
-        self.lifecycle: list[dict[str, Any]] = []
-        self.commands: list[tuple[str, str, dict[str, Any]]] = []
-        self.dead: list[dict[str, Any]] = []
-        self.queued: list[StepTask] = []
+        self.lifecycle: list[LifecycleEvent] = []
+        self.commands: list[StartRun] = []
+        self.dead: list[DeadLetter] = []
+        self.replies: list[tuple[str, RunInfo]] = []
+        self.queued: list[StepJob] = []
         self.auto_run_steps = True
+        self.offset = 0
+        self.parked: dict[str, str] = {}
 
     def state(self, run_id: str) -> RunState:
-        return self.states.setdefault(run_id, RunState(run_id))
+        return self.states.get(run_id) or RunState(run_id)
 
-    def _do(self, fn, run_id: str, *args: Any) -> None:
-        out = Effects()
-        fn(self.state(run_id), *args, self.now, out)
-        self._absorb(out)
-
-    def _absorb(self, out: Effects) -> None:
-        self.journal += out.facts
-        self.lifecycle += out.lifecycle
-        self.commands += out.commands
-        self.dead += out.dead_letters
-        self.queued += out.steps
+    def handle(self, work: Work) -> Batch:
+        """Decide ``work`` and commit the batch, as the shell would."""
+        b = Batch(lambda _p, run_id: self.state(run_id), self.now, self.parked)
+        self.decider.handle(b, work)
+        for run_id, w in b.runs.items():
+            self.states[run_id] = w.after
+        fx = b.effects
+        self.journal += fx.facts
+        self.lifecycle += fx.lifecycle
+        self.commands += fx.commands
+        self.dead += fx.dead_letters
+        self.replies += fx.replies
+        self.queued += fx.steps
         while self.auto_run_steps and self.queued:
             self.run_step(self.queued.pop(0))
+        return b
 
-    def start(self, run_id: str, workflow: str, value: Any = None, version: str | None = None):
-        cmd = {
-            "run_id": run_id,
-            "workflow": workflow,
-            "input": payload.dumps(value),
-            "version": version,
-            "parent_run_id": None,
-            "tags": {},
-        }
-        self._do(self.decider.start, run_id, cmd)
+    def record(self, value: bytes, key: bytes | None = None, partition: int = 0) -> Batch:
+        """A raw record arriving on the commands topic."""
+        self.offset += 1
+        return self.handle(LogRecord("t.commands", partition, self.offset, key, value))
 
-    def signal(self, run_id: str, name: str, value: Any, signal_id: str = "") -> None:
-        cmd = {
-            "run_id": run_id,
-            "name": name,
-            "payload": payload.dumps(value),
-            "signal_id": signal_id or f"{name}-{len(self.journal)}",
-        }
-        self._do(self.decider.signal, run_id, cmd)
+    def command(self, cmd: Record) -> Batch:
+        return self.record(self.codec.encode(cmd), cmd.run_id.encode())  # type: ignore[attr-defined]
 
-    def cancel(self, run_id: str, compensate: bool = False) -> None:
-        self._do(self.decider.cancel, run_id, {"compensate": compensate, "reason": "by test"})
+    def start(
+        self, run_id: str, workflow: str, value: Any = None, version: str | None = None
+    ) -> Batch:
+        return self.command(StartRun(run_id, workflow, payload.dumps(value), version))
 
-    def run_step(self, task: StepTask) -> None:
-        try:
-            result = task.step.fn(*task.args)
-            o = StepOutcome(task.run_id, task.seq, task.attempt, True, payload.dumps(result))
-        except Exception as exc:
-            o = StepOutcome(
-                task.run_id,
-                task.seq,
-                task.attempt,
-                False,
-                error=repr(exc),
-                traceback=traceback.format_exc(),
-                retryable=not isinstance(exc, TerminalStepError),
-            )
-        out = Effects()
-        self.decider.step_outcome(self.state(task.run_id), o, task.step, self.now, out)
-        self._absorb(out)
+    def signal(self, run_id: str, name: str, value: Any, signal_id: str = "") -> Batch:
+        signal_id = signal_id or f"{name}-{len(self.journal)}"
+        return self.command(Signal(run_id, name, payload.dumps(value), signal_id))
+
+    def cancel(self, run_id: str, compensate: bool = False) -> Batch:
+        return self.command(Cancel(run_id, compensate, "by test"))
+
+    def query(self, run_id: str) -> RunInfo:
+        self.command(Query(run_id, "q", "me"))
+        return self.replies[-1][1]
+
+    def step_result(self, run_id: str, seq: int, attempt: int, attempt_id: str = "") -> Batch:
+        return self.command(StepResult(run_id, seq, attempt, True, b"1", attempt_id=attempt_id))
+
+    def run_step(self, job: StepJob) -> None:
+        self.handle(execute(job))
 
     def advance(self, seconds: float) -> None:
         """Move the fake clock and fire everything due, in due order."""
@@ -100,16 +123,19 @@ class Core:
             if not due:
                 return
             _, rid, seq = due[0]
-            self._do(self.decider.timer_due, rid, seq)
+            self.handle(TimerDue(0, rid, seq))
 
     def recover(self, run_id: str) -> None:
         """As after a crash: rebuild the state from the journal and recover it."""
-        self.states[run_id] = fold(run_id, [f for f in self.journal if f.rec["run_id"] == run_id])
+        self.states[run_id] = fold(run_id, self.facts(run_id))
         self.queued = [t for t in self.queued if t.run_id != run_id]
-        self._do(self.decider.recover, run_id)
+        self.handle(Recover(0, run_id))
 
-    def facts(self, run_id: str, name: str | None = None) -> list[Fact]:
-        return [f for f in self.journal if f.rec["run_id"] == run_id and name in (None, f.name)]
+    def resume(self, run_id: str) -> None:
+        self.handle(Resume(0, run_id))
+
+    def facts(self, run_id: str, name: str | None = None) -> list[Any]:
+        return [f for f in self.journal if f.run_id == run_id and name in (None, type(f).__name__)]
 
     def names(self, run_id: str) -> list[str]:
-        return [f.name for f in self.facts(run_id)]
+        return [type(f).__name__ for f in self.facts(run_id)]

@@ -4,36 +4,49 @@ Journals the pure core writes must pass; hand-broken ones must name what broke."
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from runstream.audit import RunCheck, check_run
 from runstream.engine.workflow import StepPolicy, step_def
 from runstream.errors import TerminalStepError
+from runstream.schemas.records import RECORDS
 
 from .corehelp import Core
 from .test_core import add_one, approval, registry, three_steps
 
 
-def facts_of(core: Core, run_id: str) -> list[tuple[str, dict]]:
-    return [(f.name, f.rec) for f in core.facts(run_id)]
+def facts_of(core: Core, run_id: str) -> list:
+    return core.facts(run_id)
 
 
-def fact(kind: str, **rec) -> tuple[str, dict]:
-    return kind, {"run_id": "r", "at_ms": 0, **rec}
+_BLANK = {str: "", int: 0, bytes: b"", bool: False}
 
 
-def started() -> tuple[str, dict]:
+def fact(kind: str, **fields):
+    """A journal fact of run "r"; required fields not given are blank."""
+    cls = RECORDS[kind]
+    values = {"run_id": "r", "at_ms": 0, **fields}
+    for f in dataclasses.fields(cls):
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if f.name not in values and required:
+            values[f.name] = _BLANK[{"str": str, "int": int, "bytes": bytes, "bool": bool}[f.type]]
+    return cls(**values)
+
+
+def started():
     return fact("RunStarted", workflow="wf", version="1")
 
 
-def step(seq: int, attempt: int = 1, name: str = "s") -> list[tuple[str, dict]]:
+def step(seq: int, attempt: int = 1, name: str = "s") -> list:
     return [
         fact("StepStarted", seq=seq, name=name, attempt=attempt),
         fact("StepCompleted", seq=seq, name=name, attempt=attempt, output=b"1"),
     ]
 
 
-def completed() -> tuple[str, dict]:
+def completed():
     return fact("RunCompleted", output=b"null", continued_as=None)
 
 
@@ -101,7 +114,7 @@ def test_engine_journals_pass():
         assert core.state(run).terminal, run
         assert check_run(facts_of(core, run), expect_finished=True) == [], run
     assert core.state("saga").status == "failed"  # compensated: seq -1 ran
-    assert any(f.rec.get("seq") == -1 for f in core.facts("saga"))
+    assert any(getattr(f, "seq", None) == -1 for f in core.facts("saga"))
 
 
 def test_recovered_and_dead_runs_pass():
@@ -114,13 +127,13 @@ def test_recovered_and_dead_runs_pass():
     core.start("dead", "wf")
     core.recover("ok")
     core.run_step(core.queued.pop())
-    for _ in range(3):
+    for _ in range(4):
         core.recover("dead")
     assert core.state("dead").status == "dead"
     assert check_run(facts_of(core, "ok"), expect_finished=True) == []
     assert check_run(facts_of(core, "dead"), expect_finished=True, dead_lettered=True) == []
     assert check_run(facts_of(core, "dead")) == [
-        "the run is dead but the dlq has no 'run dead:' record of it @6"
+        "the run is dead but the dlq has no run-dead record of it @8"
     ]
 
 
@@ -130,8 +143,8 @@ def test_suspended_runs_pass_unless_they_must_have_finished():
     facts = facts_of(core, "r")
     assert check_run(facts) == []
     check = RunCheck("r")
-    for i, (name, rec) in enumerate(facts):
-        check.add(name, rec, i)
+    for i, f in enumerate(facts):
+        check.add(f, i)
     assert check.finish() == "suspended: open signal wait"
     assert check_run(facts, expect_finished=True) == ["the run has not finished (open signal wait)"]
 
@@ -161,8 +174,8 @@ def test_suspended_runs_pass_unless_they_must_have_finished():
 )
 def test_each_reason_to_wait(tail, why):
     check = RunCheck("r")
-    for i, (name, rec) in enumerate([started(), *tail]):
-        check.add(name, rec, i)
+    for i, f in enumerate([started(), *tail]):
+        check.add(f, i)
     assert check.finish() == f"suspended: {why}" and check.problems == []
 
 
@@ -187,19 +200,27 @@ def test_a_second_start_and_a_first_fact_that_is_not_a_start():
     assert check_run([*step(1), completed()])[0] == "first fact is StepStarted, not RunStarted @0"
 
 
-def test_sequence_gaps_on_either_side():
+def test_sequence_gaps_and_compensations_of_steps_that_never_completed():
     facts = [
         started(),
         *step(1),
         *step(3),
         fact("CompensationStarted", error="e", traceback="", cancelled=False),
+        *step(-3),
         *step(-2),
         fact("RunFailed", error="e", traceback=""),
     ]
     assert check_run(facts) == [
+        "compensation seq -2 but step 2 never completed @8",
         "sequence numbers skip [2] (highest used: 3)",
-        "sequence numbers skip [-1] (highest used: -2)",
     ]
+
+
+def test_a_rejected_start_then_a_valid_one_passes():
+    rejected = fact("RunRejected", workflow="wf", code="unknown-workflow", reason="no")
+    assert check_run([rejected]) == []
+    assert check_run([rejected, started(), *step(1), completed()], expect_finished=True) == []
+    assert check_run([started(), rejected, completed()]) == ["RunRejected after the run started @1"]
 
 
 def test_outcomes_must_answer_the_running_attempt():

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
+import typing
 from importlib import resources
 from io import BytesIO
 from typing import Any
@@ -14,6 +16,7 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from runstream.errors import DecodeError, SchemaError
 from runstream.schemas.codec import MAGIC, Codec, schema_fingerprint
+from runstream.schemas.records import RECORDS
 
 
 def _shipped_files() -> dict[str, dict[str, Any]]:
@@ -25,7 +28,10 @@ def _shipped_files() -> dict[str, dict[str, Any]]:
     }
 
 
-SHIPPED = _shipped_files()
+ALL_FILES = _shipped_files()
+# runstream.<Name>.avsc is current; runstream.<Name>.v<N>.avsc an older version of it.
+SHIPPED = {n: s for n, s in ALL_FILES.items() if n.count(".") == 2}
+OLDER = {n: s for n, s in ALL_FILES.items() if n.count(".") == 3}
 NAMES = sorted(s["name"] for s in SHIPPED.values())
 
 _PRIMITIVE_SAMPLES: dict[str, Any] = {
@@ -65,9 +71,9 @@ def codec() -> Codec:
 
 
 def test_every_shipped_file_is_a_documented_runstream_record() -> None:
-    assert len(SHIPPED) == 28
-    for filename, schema in SHIPPED.items():
-        assert filename == f"runstream.{schema['name']}.avsc"
+    assert len(SHIPPED) == 29
+    for filename, schema in ALL_FILES.items():
+        assert filename.startswith(f"runstream.{schema['name']}.")
         assert schema["namespace"] == "runstream"
         assert schema["type"] == "record"
         assert schema["doc"]
@@ -81,13 +87,23 @@ def test_every_shipped_file_is_a_documented_runstream_record() -> None:
 # The field names the engine builds on, in order (facts start with run_id, at_ms).
 _FACT = ["run_id", "at_ms"]
 FIELDS = {
-    "StartRun": ["run_id", "workflow", "input", "version", "parent_run_id", "tags", "sent_at_ms"],
+    "StartRun": [
+        "run_id",
+        "workflow",
+        "input",
+        "version",
+        "parent_run_id",
+        "tags",
+        "sent_at_ms",
+        "continued_from",
+    ],
     "Signal": ["run_id", "name", "payload", "signal_id", "sent_at_ms"],
     "Cancel": ["run_id", "compensate", "reason", "sent_at_ms"],
-    "StepResult": ["run_id", "seq", "attempt", "ok", "output", "error", "traceback"],
+    "StepResult": ["run_id", "seq", "attempt", "ok", "output", "error", "traceback", "attempt_id"],
     "Query": ["run_id", "request_id", "reply_to"],
     "RunStarted": [*_FACT, "workflow", "version", "input", "parent_run_id", "tags"],
-    "StepStarted": [*_FACT, "seq", "name", "attempt"],
+    "RunRejected": [*_FACT, "workflow", "code", "reason"],
+    "StepStarted": [*_FACT, "seq", "name", "attempt", "attempt_id", "isolated"],
     "StepCompleted": [*_FACT, "seq", "name", "output", "attempt", "duration_ms"],
     "StepFailed": [*_FACT, "seq", "name", "attempt", "error", "traceback", "retry_at_ms"],
     "TimerScheduled": [*_FACT, "seq", "due_ms"],
@@ -105,19 +121,54 @@ FIELDS = {
     "RunParked": [*_FACT, "reason"],
     "RunDead": [*_FACT, "reason"],
     "LifecycleEvent": [
-        "type", "run_id", "at_ms", "workflow", "version", "status", "seq", "step", "attempt",
-        "duration_ms", "output", "error", "reason",
+        "type",
+        "run_id",
+        "at_ms",
+        "workflow",
+        "version",
+        "status",
+        "seq",
+        "step",
+        "attempt",
+        "duration_ms",
+        "output",
+        "error",
+        "reason",
+        "continued_as",
+        "code",
     ],
     "StepTask": ["run_id", "seq", "attempt", "name", "args", "deadline_ms"],
     "DeadLetter": [
-        "reason", "source_topic", "partition", "offset", "key", "value", "run_id", "at_ms",
+        "reason",
+        "source_topic",
+        "partition",
+        "offset",
+        "key",
+        "value",
+        "run_id",
+        "at_ms",
+        "code",
     ],
     "RunInfo": [
-        "request_id", "run_id", "found", "status", "workflow", "version", "input", "output",
-        "error", "reason", "started_at_ms", "ended_at_ms", "steps",
+        "request_id",
+        "run_id",
+        "found",
+        "status",
+        "workflow",
+        "version",
+        "input",
+        "output",
+        "error",
+        "reason",
+        "started_at_ms",
+        "ended_at_ms",
+        "steps",
+        "continued_as",
+        "reply_error",
+        "code",
     ],
     "Event": ["name", "payload", "event_id"],
-}  # fmt: skip
+}
 
 
 def test_field_names_are_the_contract() -> None:
@@ -130,11 +181,44 @@ def test_field_names_are_the_contract() -> None:
             assert types["run_id"] == "string" and types["at_ms"] == "long", name
 
 
+_AVRO_TYPES = {"string": str, "bytes": bytes, "int": int, "long": int, "boolean": bool}
+
+
+def _python_type(avro_type: Any) -> Any:
+    if isinstance(avro_type, list):  # ["null", T]
+        return _python_type(avro_type[1]) | None
+    if isinstance(avro_type, dict):  # a map of strings
+        return dict[str, _python_type(avro_type["values"])]
+    return _AVRO_TYPES[avro_type]
+
+
+def test_every_schema_has_its_typed_record_with_the_same_fields() -> None:
+    hints = {name: typing.get_type_hints(cls) for name, cls in RECORDS.items()}
+    assert sorted(RECORDS) == NAMES
+    for name in NAMES:
+        schema, cls = SHIPPED[f"runstream.{name}.avsc"], RECORDS[name]
+        fields = dataclasses.fields(cls)
+        assert [f.name for f in fields] == [f["name"] for f in schema["fields"]], name
+        for f, avro in zip(fields, schema["fields"], strict=True):
+            assert hints[name][f.name] == _python_type(avro["type"]), (name, f.name)
+            has_default = not (
+                f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            )
+            assert has_default == ("default" in avro), (name, f.name)
+
+
 def test_start_run_fields_are_the_documented_ones() -> None:
     fields = {f["name"]: f for f in SHIPPED["runstream.StartRun.avsc"]["fields"]}
     assert list(fields) == [
-        "run_id", "workflow", "input", "version", "parent_run_id", "tags", "sent_at_ms",
-    ]  # fmt: skip
+        "run_id",
+        "workflow",
+        "input",
+        "version",
+        "parent_run_id",
+        "tags",
+        "sent_at_ms",
+        "continued_from",
+    ]
     assert fields["input"]["type"] == "bytes"
     assert fields["tags"]["default"] == {} and fields["sent_at_ms"]["default"] == 0
 
@@ -152,13 +236,13 @@ def test_codec_knows_every_shipped_schema(codec: Codec) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_round_trip_full_record(codec: Codec, name: str) -> None:
     record = full_record(codec.schema(name))
-    assert codec.decode(codec.encode(name, record)) == (name, record)
+    assert codec.decode_raw(codec.encode_raw(name, record)) == (name, record)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_round_trip_minimal_record_fills_defaults(codec: Codec, name: str) -> None:
     schema = codec.schema(name)
-    decoded_name, decoded = codec.decode(codec.encode(name, minimal_record(schema)))
+    decoded_name, decoded = codec.decode_raw(codec.encode_raw(name, minimal_record(schema)))
     assert decoded_name == name
     expected = {f["name"]: f.get("default", _sample(f["type"])) for f in schema["fields"]}
     assert decoded == expected
@@ -169,7 +253,7 @@ def test_header_is_magic_and_fingerprint_of_canonical_form(codec: Codec, name: s
     schema = SHIPPED[f"runstream.{name}.avsc"]
     # computed here independently, as a producer in another language would
     expected_fp = bytes.fromhex(fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"))
-    data = codec.encode(name, minimal_record(schema))
+    data = codec.encode_raw(name, minimal_record(schema))
     assert data[:2] == MAGIC == b"\xc3\x01"
     assert data[2:10] == expected_fp == codec.fingerprint(name)
     # and the body is the plain Avro binary encoding
@@ -218,7 +302,7 @@ def test_null_fingerprint_hex() -> None:
 
 
 def _step_completed(codec: Codec) -> bytes:
-    return codec.encode(
+    return codec.encode_raw(
         "StepCompleted",
         {
             "run_id": "run-1",
@@ -245,7 +329,7 @@ def _step_completed(codec: Codec) -> bytes:
 )
 def test_not_single_object(codec: Codec, data: bytes | None) -> None:
     with pytest.raises(DecodeError) as info:
-        codec.decode(data)
+        codec.decode_raw(data)
     assert info.value.kind == "not-single-object"
     assert isinstance(info.value, SchemaError)
 
@@ -253,7 +337,7 @@ def test_not_single_object(codec: Codec, data: bytes | None) -> None:
 @pytest.mark.parametrize("cut", [1, 2, 5, 9])
 def test_truncated_header(codec: Codec, cut: int) -> None:
     with pytest.raises(DecodeError) as info:
-        codec.decode(_step_completed(codec)[:cut])
+        codec.decode_raw(_step_completed(codec)[:cut])
     assert info.value.kind == "truncated"
     assert "10-byte header" in str(info.value)
 
@@ -262,7 +346,7 @@ def test_truncated_body(codec: Codec) -> None:
     data = _step_completed(codec)
     for cut in range(10, len(data)):
         with pytest.raises(DecodeError) as info:
-            codec.decode(data[:cut])
+            codec.decode_raw(data[:cut])
         assert info.value.kind == "truncated", (cut, info.value)
         assert "StepCompleted" in str(info.value)
 
@@ -270,7 +354,7 @@ def test_truncated_body(codec: Codec) -> None:
 def test_unknown_fingerprint(codec: Codec) -> None:
     data = _step_completed(codec)
     with pytest.raises(DecodeError) as info:
-        codec.decode(data[:2] + b"\x01" * 8 + data[10:])
+        codec.decode_raw(data[:2] + b"\x01" * 8 + data[10:])
     assert info.value.kind == "unknown-fingerprint"
     assert "0101010101010101" in str(info.value)
 
@@ -286,23 +370,23 @@ def test_unknown_fingerprint(codec: Codec) -> None:
 def test_corrupt_body(codec: Codec, body: bytes) -> None:
     header = MAGIC + codec.fingerprint("StepCompleted")
     with pytest.raises(DecodeError) as info:
-        codec.decode(header + body)
+        codec.decode_raw(header + body)
     assert info.value.kind == "corrupt"
 
 
 def test_trailing_bytes_are_corrupt(codec: Codec) -> None:
     with pytest.raises(DecodeError) as info:
-        codec.decode(_step_completed(codec) + b"\x00")
+        codec.decode_raw(_step_completed(codec) + b"\x00")
     assert info.value.kind == "corrupt"
     assert "trailing" in str(info.value)
 
 
 def test_union_index_out_of_range_is_corrupt(codec: Codec) -> None:
     record = {"run_id": "r", "at_ms": 1, "seq": 1, "name": "approve", "timeout_at_ms": None}
-    data = codec.encode("SignalAwaited", record)
+    data = codec.encode_raw("SignalAwaited", record)
     assert data[-1:] == b"\x00"  # the last field is ["null", "long"]: branch 0
     with pytest.raises(DecodeError) as info:
-        codec.decode(data[:-1] + b"\x0a")  # branch 5 does not exist
+        codec.decode_raw(data[:-1] + b"\x0a")  # branch 5 does not exist
     assert info.value.kind == "corrupt"
 
 
@@ -321,7 +405,7 @@ def test_union_index_out_of_range_is_corrupt(codec: Codec) -> None:
 def test_encode_rejects_bad_record(codec: Codec, change: dict[str, Any], needle: str) -> None:
     record = {**full_record(codec.schema("StepCompleted")), **change}
     with pytest.raises(SchemaError) as info:
-        codec.encode("StepCompleted", record)
+        codec.encode_raw("StepCompleted", record)
     message = str(info.value)
     assert "StepCompleted" in message and needle in message
     assert info.value.__cause__ is not None  # wraps fastavro's exception
@@ -332,17 +416,17 @@ def test_encode_names_missing_field(codec: Codec) -> None:
     record = full_record(codec.schema("StepCompleted"))
     del record["duration_ms"]
     with pytest.raises(SchemaError, match=r"StepCompleted.*missing field\(s\) duration_ms"):
-        codec.encode("StepCompleted", record)
+        codec.encode_raw("StepCompleted", record)
 
 
 def test_encode_rejects_non_mapping(codec: Codec) -> None:
     with pytest.raises(SchemaError, match="StartRun"):
-        codec.encode("StartRun", None)  # type: ignore[arg-type]
+        codec.encode_raw("StartRun", None)  # type: ignore[arg-type]
 
 
 def test_encode_unknown_type(codec: Codec) -> None:
     with pytest.raises(SchemaError, match="unknown record type 'NoSuchThing'"):
-        codec.encode("NoSuchThing", {})
+        codec.encode_raw("NoSuchThing", {})
     with pytest.raises(SchemaError):
         codec.fingerprint("NoSuchThing")
 
@@ -384,12 +468,12 @@ def test_older_writer_schema_is_resolved_into_current() -> None:
         }
     )
     with pytest.raises(DecodeError) as info:
-        codec.decode(old)
+        codec.decode_raw(old)
     assert info.value.kind == "unknown-fingerprint"
 
     codec.register(START_RUN_V1)
     codec.register(json.dumps(START_RUN_V1))  # again, as JSON text: a no-op
-    name, record = codec.decode(old)
+    name, record = codec.decode_raw(old)
     assert name == "StartRun"
     assert record == {
         "run_id": "r-9",
@@ -399,9 +483,10 @@ def test_older_writer_schema_is_resolved_into_current() -> None:
         "parent_run_id": None,
         "tags": {},
         "sent_at_ms": 0,
+        "continued_from": None,
     }
     # the current schema stays the one used to encode
-    assert codec.encode("StartRun", record)[2:10] == codec.fingerprint("StartRun")
+    assert codec.encode_raw("StartRun", record)[2:10] == codec.fingerprint("StartRun")
     assert codec.fingerprint("StartRun") != schema_fingerprint(START_RUN_V1)
 
 
@@ -424,8 +509,8 @@ def test_register_new_type_and_custom_codec() -> None:
     }
     codec = Codec([schema])
     assert codec.names() == ["Ping"]
-    assert codec.decode(codec.encode("Ping", {"n": 5})) == ("Ping", {"n": 5})
-    assert codec.decode(codec.encode("acme.Ping", {"n": 6})) == ("Ping", {"n": 6})
+    assert codec.decode_raw(codec.encode_raw("Ping", {"n": 5})) == ("Ping", {"n": 5})
+    assert codec.decode_raw(codec.encode_raw("acme.Ping", {"n": 6})) == ("Ping", {"n": 6})
     with pytest.raises(SchemaError, match="not valid JSON"):
         codec.register("{nope")
     with pytest.raises(SchemaError, match="record"):
@@ -439,3 +524,25 @@ def test_default_is_cached() -> None:
 def test_schema_returns_a_copy(codec: Codec) -> None:
     codec.schema("StartRun")["fields"].clear()
     assert codec.schema("StartRun")["fields"]
+
+
+@pytest.mark.parametrize("filename", sorted(OLDER))
+def test_records_of_every_shipped_older_version_decode_into_todays_types(filename: str) -> None:
+    """A producer (or a journal) still on a previous version keeps working: its records
+    decode into today's typed record, new fields at their defaults."""
+    old = OLDER[filename]
+    record = minimal_record(old)
+    buf = BytesIO()
+    buf.write(MAGIC + schema_fingerprint(old))
+    schemaless_writer(buf, parse_schema(old), record)
+    decoded = Codec.default().decode(buf.getvalue())
+    assert type(decoded).__name__ == old["name"]
+    for name, value in record.items():
+        assert getattr(decoded, name) == value
+    new_fields = [
+        f for f in dataclasses.fields(decoded) if f.name not in {f["name"] for f in old["fields"]}
+    ]
+    assert new_fields, f"{filename} is not older than the current schema"
+    for f in new_fields:
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        assert getattr(decoded, f.name) == default

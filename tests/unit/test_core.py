@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import pytest
 from pydantic import BaseModel
 
 from runstream.engine import payload
+from runstream.engine.limits import Limits
 from runstream.engine.reducer import fold
 from runstream.engine.workflow import Registry, StepPolicy, step_def, workflow_def
 from runstream.errors import SignalTimeout, StepError, TerminalStepError
+from runstream.schemas.records import StartRun
 
 from .corehelp import Core
 
@@ -45,7 +48,7 @@ def test_three_steps_complete_with_one_fact_per_step():
     assert core.names("r1") == ["RunStarted"] + ["StepStarted", "StepCompleted"] * 3 + [
         "RunCompleted"
     ]
-    assert [e["type"] for e in core.lifecycle][-1] == "run.completed"
+    assert [e.type for e in core.lifecycle][-1] == "run.completed"
 
 
 def test_rebuilt_state_equals_live_state():
@@ -72,14 +75,13 @@ async def typed(ctx, order: Order) -> float:
 
 
 def test_pydantic_input_is_validated_and_rejected():
-    from runstream.errors import InvalidInput
-
     core = Core(registry(typed))
     core.start("ok", "typed", {"id": 1, "amount": 2.5})
     assert payload.loads(core.state("ok").output) == 5.0
-    with pytest.raises(InvalidInput):
-        core.start("bad", "typed", {"id": "x"})
-    assert not core.state("bad").exists
+    core.start("bad", "typed", {"id": "x"})
+    assert not core.state("bad").exists and core.state("bad").status == "rejected"
+    assert [d.code for d in core.dead] == ["invalid-input"]
+    assert "input of workflow 'typed'" in core.dead[0].reason and "id" in core.dead[0].reason
 
 
 def test_non_determinism_parks_the_run_and_names_both_steps():
@@ -103,7 +105,7 @@ def test_non_determinism_parks_the_run_and_names_both_steps():
     assert st.status == "parked"
     assert "run 'r1' at sequence 1" in st.reason and "'sleep'" in st.reason
     assert "<locals>.other'" in st.reason  # the step the code asks for now
-    assert core.lifecycle[-1]["type"] == "run.suspended"
+    assert core.lifecycle[-1].type == "run.suspended"
 
 
 def test_retries_with_backoff_then_success():
@@ -122,12 +124,12 @@ def test_retries_with_backoff_then_success():
     core = Core(reg)
     core.start("r", "wf", 7)
     failed = core.facts("r", "StepFailed")
-    assert len(failed) == 1 and failed[0].rec["retry_at_ms"] == core.now + 2000
+    assert len(failed) == 1 and failed[0].retry_at_ms == core.now + 2000
     core.advance(2)  # first retry at +2 s fails, schedules the next at +4 s
     assert core.state("r").status == "running"
     core.advance(4)
     assert core.state("r").status == "completed" and attempts["n"] == 3
-    assert [f.rec["attempt"] for f in core.facts("r", "StepStarted")] == [1, 2, 3]
+    assert [f.attempt for f in core.facts("r", "StepStarted")] == [1, 2, 3]
 
 
 def test_exhausted_retries_raise_step_error_inside_the_workflow():
@@ -176,8 +178,8 @@ def test_terminal_error_fails_without_retry_and_compensates_in_reverse_order():
     st = core.state("s")
     assert st.status == "failed" and "address unknown" in st.error
     assert log == ["reserve", "charge", "refund", "release"]
-    comp = [f.rec["seq"] for f in core.facts("s", "StepCompleted") if f.rec["seq"] < 0]
-    assert comp == [-1, -2]
+    comp = [f.seq for f in core.facts("s", "StepCompleted") if f.seq < 0]
+    assert comp == [-2, -1]  # the undo of step s is step -s, newest first
     assert len(core.facts("s", "StepFailed")) == 1  # no retry of a terminal error
 
 
@@ -189,11 +191,11 @@ def test_sleep_is_a_durable_timer():
     core = Core(registry(wf))
     core.start("r", "wf")
     st = core.state("r")
-    assert st.timers() == [(core.now + 5000, 1)] and st.status == "running"
+    assert st.timers() == {(core.now + 5000, 1)} and st.status == "running"
     core.advance(4.9)
-    assert st.status == "running"
+    assert core.state("r").status == "running"
     core.advance(0.1)
-    assert payload.loads(st.output) == "woke"
+    assert payload.loads(core.state("r").output) == "woke"
 
 
 async def approval(ctx) -> dict:
@@ -273,8 +275,8 @@ def test_continue_as_new_starts_a_fresh_run():
     core = Core(registry(counter))
     core.start("c", "counter", 0)
     assert core.state("c").continued_as == "c~1"
-    new_id, name, cmd = core.commands[-1]
-    assert (new_id, name, payload.loads(cmd["input"])) == ("c~1", "StartRun", 1)
+    cmd = core.commands[-1]
+    assert (cmd.run_id, cmd.continued_from, payload.loads(cmd.input)) == ("c~1", "c", 1)
 
 
 def test_versions_are_pinned_and_unknown_versions_park():
@@ -319,21 +321,23 @@ def test_recorded_values_are_stable_across_replays():
     assert payload.loads(core.state("r").output) == seen[0]
 
 
-def test_recovery_reruns_an_interrupted_step_then_goes_dead():
+def test_recovery_reruns_an_interrupted_step_alone_then_goes_dead():
     async def wf(ctx) -> int:
         return await ctx.step(add_one, 1)
 
     core = Core(registry(wf), max_recovery_attempts=2)
     core.auto_run_steps = False
     core.start("r", "wf")
+    core.recover("r")  # died beside other steps: nobody to blame, it runs again alone
+    assert core.state("r").recoveries == 0 and core.queued[-1].isolated
     for n in (1, 2):
-        core.recover("r")  # the process died while the step ran
+        core.recover("r")  # the process died while the step ran alone: its own doing
         assert core.state("r").recoveries == n
-        assert core.queued[-1].attempt == n + 1
+        assert core.queued[-1].attempt == n + 2 and core.queued[-1].isolated
     core.recover("r")
-    assert (
-        core.state("r").status == "dead" and core.dead and "interrupted" in core.dead[0]["reason"]
-    )
+    assert core.state("r").status == "dead"
+    assert [d.code for d in core.dead] == ["run-dead"]
+    assert "running alone when its engine process died, 3 times" in core.dead[0].reason
 
 
 def test_recovered_step_completes_once():
@@ -349,3 +353,243 @@ def test_recovered_step_completes_once():
     core.run_step(stale)  # a late outcome of the dead attempt is ignored
     assert core.state("r").status == "completed"
     assert len(core.facts("r", "StepCompleted")) == 1
+
+
+# -- compensation with a step in flight at cancel (defect b) ------------------------------
+
+
+def _booking(log: list[str], fail_second: bool = False):
+    def book_a(x):
+        log.append("book a")
+
+    def book_b(x):
+        log.append("book b")
+        if fail_second:
+            raise TerminalStepError("sold out")
+
+    def undo_a(x):
+        log.append("undo a")
+
+    def undo_b(x):
+        log.append("undo b")
+
+    async def trip(ctx) -> None:
+        await ctx.step(book_a, 1, compensate=undo_a)
+        await ctx.step(book_b, 1, compensate=undo_b)
+        await ctx.wait_for_signal("never")
+
+    return trip
+
+
+def test_cancel_waits_for_the_step_in_flight_then_compensates_it_too():
+    log: list[str] = []
+    core = Core(registry(_booking(log)))
+    core.auto_run_steps = False
+    core.start("t", "trip")
+    core.run_step(core.queued.pop(0))  # book a
+    in_flight = core.queued.pop(0)  # book b has started...
+    core.cancel("t", compensate=True)  # ...when the cancel comes
+    assert core.state("t").status == "compensating" and not core.queued  # nothing undone yet
+    core.run_step(in_flight)  # book b completes after the cancel
+    while core.queued:
+        core.run_step(core.queued.pop(0))
+    assert log == ["book a", "book b", "undo b", "undo a"]  # each undo once, newest first
+    assert core.state("t").status == "cancelled"
+    assert [f.seq for f in core.facts("t", "StepCompleted")] == [1, 2, -2, -1]
+
+
+def test_cancel_with_a_step_in_flight_that_then_fails_undoes_only_what_completed():
+    log: list[str] = []
+    core = Core(registry(_booking(log, fail_second=True)))
+    core.auto_run_steps = False
+    core.start("t", "trip")
+    core.run_step(core.queued.pop(0))
+    in_flight = core.queued.pop(0)
+    core.cancel("t", compensate=True)
+    core.run_step(in_flight)  # book b fails: nothing of it to undo, and no retry
+    while core.queued:
+        core.run_step(core.queued.pop(0))
+    assert log == ["book a", "book b", "undo a"]
+    assert core.state("t").status == "cancelled"
+    assert len(core.facts("t", "StepStarted")) == 3  # a, b once, then undo a
+
+
+def test_cancel_without_compensation_drops_the_late_outcome():
+    log: list[str] = []
+    core = Core(registry(_booking(log)))
+    core.auto_run_steps = False
+    core.start("t", "trip")
+    core.run_step(core.queued.pop(0))
+    in_flight = core.queued.pop(0)
+    core.cancel("t")
+    core.run_step(in_flight)
+    assert core.state("t").status == "cancelled" and "undo a" not in log
+    assert core.names("t")[-1] == "RunCancelled"
+
+
+# -- what any producer may send (defects c, i, j) -----------------------------------------
+
+
+def test_bad_run_ids_are_dead_lettered_and_the_neighbouring_run_is_untouched():
+    core = Core(registry(three_steps))
+    core.start("a", "three_steps", 1)
+    before = core.state("a")
+    for bad in ("a\x00b", "x" * 300, ""):
+        core.start(bad, "three_steps", 1)
+    assert [d.code for d in core.dead] == ["bad-run-id"] * 3
+    assert "NUL" in core.dead[0].reason and "1 to 255 bytes" in core.dead[1].reason
+    assert core.dead[0].value is not None and core.dead[0].key == b"a\x00b"
+    assert core.state("a") == before and set(core.states) == {"a"}
+
+
+def test_continue_as_new_ids_are_reserved():
+    async def counter(ctx, n: int) -> int:
+        if n < 1:
+            ctx.continue_as_new(n + 1)
+        return n
+
+    core = Core(registry(counter))
+    core.start("c~1", "counter", 5)  # a user id that looks like a continuation
+    assert [d.code for d in core.dead] == ["bad-run-id"] and "reserves" in core.dead[0].reason
+    core.start("c", "counter", 0)
+    successor = core.commands[-1]
+    core.command(successor)  # the engine's own start of c~1 is accepted
+    assert core.state("c").continued_as == "c~1"
+    assert payload.loads(core.state("c~1").output) == 1
+    forged = StartRun("c~2", "counter", b"0", continued_from="someone-else")
+    core.command(forged)
+    assert core.dead[-1].code == "bad-run-id" and not core.state("c~2").exists
+
+
+def test_a_step_result_from_any_producer_does_not_settle_a_local_step():
+    async def wf(ctx) -> int:
+        return await ctx.step(add_one, 1)
+
+    core = Core(registry(wf))
+    core.auto_run_steps = False
+    core.start("r", "wf")
+    core.step_result("r", 1, 1)  # forged: the step is local, nobody dispatched it
+    core.step_result("r", 1, 1, attempt_id="guess")
+    assert [d.code for d in core.dead] == ["unexpected-step-result"] * 2
+    assert core.names("r") == ["RunStarted", "StepStarted"]  # still running
+    core.run_step(core.queued.pop())
+    assert payload.loads(core.state("r").output) == 2
+
+
+# -- sizes (defect a), checked before anything reaches Kafka --------------------------------
+
+
+def test_an_oversize_start_is_rejected_with_its_reason():
+    limits = Limits(max_record=200_000)
+    core = Core(registry(three_steps), limits=limits)
+    core.start("big", "three_steps", "x" * 150_000)
+    assert core.state("big").status == "rejected"
+    (letter,) = core.dead
+    assert letter.code == "oversize" and "the StartRun command is 150,0" in letter.reason
+    assert letter.value is None and "not copied" in letter.reason  # only what fits
+    assert core.lifecycle[-1].type == "run.rejected" and core.lifecycle[-1].code == "oversize"
+    assert core.query("big").status == "rejected"
+
+
+def test_an_oversize_step_output_fails_the_step_and_a_run_output_fails_the_run():
+    def huge(n: int) -> str:
+        return "y" * n
+
+    async def wf(ctx, n: int) -> str:
+        try:
+            await ctx.step(huge, n)
+        except StepError as exc:
+            return f"caught: {exc.error[:40]}"
+        return "fits"
+
+    async def big_result(ctx, n: int) -> str:
+        return "z" * n
+
+    limits = Limits(max_record=200_000)
+    core = Core(registry(wf, big_result), limits=limits)
+    core.start("s", "wf", 150_000)
+    caught = payload.loads(core.state("s").output)
+    assert caught == "caught: the step's output is 150,002 bytes; the "
+    assert len(core.facts("s", "StepFailed")) == 1  # not retried: it would not fit again
+    core.start("r", "big_result", 150_000)
+    assert core.state("r").status == "failed" and "the run's output is" in core.state("r").error
+
+
+def test_a_reply_that_would_be_too_large_is_answered_with_an_error():
+    async def echo(ctx, s: str) -> str:
+        return s
+
+    core = Core(registry(echo), limits=Limits(max_record=200_000))
+    core.start("e", "echo", "w" * 80_000)  # input and output each fit, together they don't
+    assert core.state("e").status == "completed"
+    info = core.query("e")
+    assert info.found and info.input is None and info.output is None
+    assert "input and output together" in info.reply_error
+
+
+def test_long_errors_are_clipped():
+    def loud(x: int) -> None:
+        raise TerminalStepError("e" * 50_000)
+
+    async def wf(ctx) -> None:
+        await ctx.step(loud, 1)
+
+    core = Core(registry(wf))
+    core.start("l", "wf")
+    failed = core.facts("l", "StepFailed")[0]
+    assert len(failed.error) < 9_000 and failed.error.endswith("characters cut]")
+
+
+# -- how a workflow takes its input (defect g) -----------------------------------------------
+
+
+def _logged(fn):
+    @functools.wraps(fn)
+    async def wrapper(*args, **kwargs):
+        return await fn(*args, **kwargs)
+
+    return wrapper
+
+
+@_logged
+async def greet(ctx, name: str) -> str:
+    return f"hi {name}"
+
+
+async def keyword_only(ctx, *, name: str) -> str:
+    return f"hello {name}"
+
+
+def _undecorated_wrapper(fn):
+    async def wrapper(*args):  # no functools.wraps: the input is passed along positionally
+        return await fn(*args)
+
+    return wrapper
+
+
+def test_decorated_and_keyword_only_workflows_get_their_input():
+    plain = workflow_def(_undecorated_wrapper(greet.__wrapped__), name="plain")
+    core = Core(registry(greet, keyword_only, plain))
+    core.start("d", "greet", "ann")
+    core.start("k", "keyword_only", "bob")
+    core.start("p", "plain", "cy")
+    assert payload.loads(core.state("d").output) == "hi ann"
+    assert payload.loads(core.state("k").output) == "hello bob"
+    assert payload.loads(core.state("p").output) == "hi cy"
+
+
+def test_a_decorated_workflow_validates_its_declared_input():
+    core = Core(registry(greet))
+    core.start("bad", "greet", {"not": "a string"})
+    assert [d.code for d in core.dead] == ["invalid-input"]
+
+
+def test_workflows_that_cannot_take_an_input_are_refused_at_registration():
+    async def three(ctx, a, b) -> None: ...
+
+    def not_async(ctx) -> None: ...
+
+    with pytest.raises(TypeError, match="must take"):
+        workflow_def(three)
+    with pytest.raises(TypeError, match="async def"):
+        workflow_def(not_async)

@@ -13,29 +13,100 @@ SRC = Path(runstream.__file__).parent
 def test_public_names_are_pinned():
     assert runstream.__all__ == sorted(runstream.__all__)
     assert set(runstream.__all__) == {
-        "App", "Client", "CommandNotDelivered", "Context", "InvalidInput",
-        "NonDeterminismError", "RunCancelled", "RunFailed", "RunInfo", "RunNotFound",
-        "RunstreamError", "SignalTimeout", "StepError", "TerminalStepError", "Worker",
-        "WorkerSettings", "WorkflowNotFound",
-    }  # fmt: skip
+        "App",
+        "Client",
+        "CommandNotDelivered",
+        "Context",
+        "InvalidInput",
+        "KafkaUnavailable",
+        "NonDeterminismError",
+        "PayloadTooLarge",
+        "RunCancelled",
+        "RunFailed",
+        "RunInfo",
+        "RunNotFound",
+        "RunRejected",
+        "RunstreamError",
+        "Settings",
+        "SignalTimeout",
+        "StepError",
+        "StepTimeout",
+        "TerminalStepError",
+        "Worker",
+        "WorkflowNotFound",
+    }
 
 
-def _imports(path: Path) -> set[str]:
+def _modules(path: Path) -> set[str]:
+    """Every module ``path`` imports, in full (``from a.b import c`` gives a.b and a.b.c)."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            names |= {a.name.split(".")[0] for a in node.names}
+            names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module.split(".")[0])
+            names.add(node.module)
+            names |= {f"{node.module}.{a.name}" for a in node.names}
     return names
 
 
-def test_the_core_does_no_io():
-    for path in (SRC / "engine").glob("*.py"):
-        assert not _imports(path) & {"confluent_kafka", "rocksdict"}, path.name
+def _importers(module: str) -> set[str]:
+    """The packages under runstream/ (by their path) with a file importing ``module``."""
+    return {
+        str(p.parent.relative_to(SRC))
+        for p in SRC.rglob("*.py")
+        if any(m == module or m.startswith(module + ".") for m in _modules(p))
+    }
+
+
+def test_only_the_kafka_edge_and_the_dev_tools_import_confluent_kafka():
+    assert _importers("confluent_kafka") == {"topics", "dev"}
 
 
 def test_only_projections_import_rocksdict():
-    for path in SRC.rglob("*.py"):
-        if "rocksdict" in _imports(path):
-            assert path.parent.name == "projections", path
+    assert _importers("rocksdict") == {"projections"}
+
+
+def test_the_core_imports_neither_the_shell_nor_io():
+    for path in [*(SRC / "engine").glob("*.py"), *(SRC / "schemas").glob("*.py")]:
+        shell = {
+            m
+            for m in _modules(path)
+            if m.split(".")[0] in ("confluent_kafka", "rocksdict")
+            or m.startswith(
+                (
+                    "runstream.topics",
+                    "runstream.projections",
+                    "runstream.worker",
+                    "runstream.client",
+                    "runstream.dev",
+                    "runstream.cli",
+                )
+            )
+        }
+        assert not shell, f"{path.name} imports {shell}"
+
+
+def test_the_runtime_never_imports_the_dev_tools():
+    importers = {p for p in _importers("runstream.dev") if p != "dev"}
+    assert importers == {"cli"}  # `runstream kafka up|down|status`
+
+
+def test_every_subpackage_says_who_may_import_it():
+    for init in SRC.rglob("__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and "import" in doc, f"{init.relative_to(SRC)} has no import rule"
+
+
+def test_every_public_name_and_method_has_a_docstring():
+    import inspect
+
+    missing = []
+    for name in runstream.__all__:
+        obj = getattr(runstream, name)
+        if not inspect.getdoc(obj):
+            missing.append(name)
+        for attr, value in vars(obj).items() if inspect.isclass(obj) else ():
+            fn = value.fget if isinstance(value, property) else value
+            if not attr.startswith("_") and callable(fn) and not fn.__doc__:
+                missing.append(f"{name}.{attr}")
+    assert not missing

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from runstream.topics.partitioner import murmur2, partition_for
+from runstream.engine.partitioner import murmur2, partition_for
 
 # org.apache.kafka.common.utils.UtilsTest.testMurmur2 (signed ints, as Java returns them)
 JAVA_VECTORS = [

@@ -23,7 +23,7 @@ def test_commit_then_reopen_gives_same_state_indexes_and_offset(tmp_path):
     core.start("r1", "nap", -5)
     store = PartitionStore(tmp_path / "p0", codec)
     live = core.state("r1")
-    encoded = [codec.encode(f.name, f.rec) for f in core.facts("r1")]
+    encoded = [codec.encode(f) for f in core.facts("r1")]
     store.commit([(store.get("r1"), live.copy(), encoded)], journal_offset=42)
     assert list(store.timers()) == [(core.now + 30_000, "r1", 1)]
     store.close()
@@ -33,7 +33,7 @@ def test_commit_then_reopen_gives_same_state_indexes_and_offset(tmp_path):
     assert again.get("r1") == live
     core.advance(30)
     before, after = again.get("r1"), core.state("r1")
-    new = [codec.encode(f.name, f.rec) for f in core.facts("r1")[before.facts :]]
+    new = [codec.encode(f) for f in core.facts("r1")[before.facts :]]
     again.commit([(before, after.copy(), new)], journal_offset=50)
     assert list(again.timers()) == [] and again.running() == []
     assert payload.loads(again.get("r1").output) == 5

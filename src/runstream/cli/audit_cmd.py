@@ -8,17 +8,13 @@ import sys
 import click
 
 from runstream.audit import audit as run_audit
-from runstream.config import resolve_bootstrap
+from runstream.cli import options
+from runstream.settings import Settings
 
 
 @click.command()
 @click.argument("namespace")
-@click.option(
-    "--bootstrap",
-    default=None,
-    help="Kafka bootstrap servers (default: "
-    "$RUNSTREAM_BOOTSTRAP_SERVERS, $KAFKA_BOOTSTRAP_SERVERS, `runstream kafka up`).",
-)
+@options.bootstrap
 @click.option(
     "--expect-finished",
     is_flag=True,
@@ -37,8 +33,9 @@ def audit(namespace: str, bootstrap: str | None, expect_finished: bool, as_json:
     def progress(facts: int, seconds: float) -> None:
         click.echo(f"... {facts:,} facts in {seconds:.1f}s", err=True)
 
+    s = Settings().with_bootstrap(bootstrap)
     report = run_audit(
-        resolve_bootstrap(bootstrap), namespace, expect_finished=expect_finished, progress=progress
+        s.bootstrap(), namespace, expect_finished=expect_finished, progress=progress, kafka=s.kafka
     )
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))

@@ -1,30 +1,12 @@
-"""`runstream kafka up|down|status`: a local Kafka for development (see runstream.localkafka)."""
+"""`runstream kafka up|down|status`: a local Kafka for development (runstream.dev.localkafka)."""
 
 from __future__ import annotations
 
-import functools
 import sys
-from collections.abc import Callable
-from typing import Any
 
 import click
 
-from runstream import localkafka
-from runstream.errors import RunstreamError
-
-
-def _errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Show our own errors as one line on stderr and exit 1, without a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except RunstreamError as e:
-            click.echo(f"Error: {e}", err=True)
-            sys.exit(1)
-
-    return wrapper
+from runstream.dev import localkafka
 
 
 @click.group()
@@ -35,7 +17,6 @@ def kafka() -> None:
 @kafka.command()
 @click.option("--nodes", type=click.Choice(["1", "3"]), default="1", show_default=True)
 @click.option("--port", type=int, default=None, help="Client port of the first node.")
-@_errors
 def up(nodes: str, port: int | None) -> None:
     """Start a broker (or a 3-node cluster) in the background."""
     state = localkafka.up(nodes=int(nodes), port=port, progress=click.echo)
@@ -44,7 +25,6 @@ def up(nodes: str, port: int | None) -> None:
 
 
 @kafka.command()
-@_errors
 def down() -> None:
     """Stop the broker(s) `up` started and delete their data."""
     pids = localkafka.down()
@@ -52,7 +32,6 @@ def down() -> None:
 
 
 @kafka.command()
-@_errors
 def status() -> None:
     """Show whether the local broker runs, and where (exit code 1 when it does not)."""
     st = localkafka.status()

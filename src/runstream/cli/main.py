@@ -1,4 +1,8 @@
-"""The `runstream` command: thin click groups over the library."""
+"""The `runstream` command: thin click groups over the library.
+
+Every error Runstream raises on purpose is printed as one line, ``Type: message``, on
+stderr, and the command exits 1; ``-v`` adds the traceback and librdkafka's own log.
+"""
 
 from __future__ import annotations
 
@@ -6,34 +10,47 @@ import importlib
 import json
 import logging
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
 import click
 
+from runstream.cli import options
 from runstream.cli.audit_cmd import audit
 from runstream.cli.kafka_cmd import kafka
 from runstream.cli.topics_cmd import topics
 from runstream.errors import RunstreamError
+from runstream.instance import read_health
+from runstream.topics.logs import LOGGER_NAME
 
 
 class _Cli(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except RunstreamError as exc:
+        except (RunstreamError, TimeoutError) as exc:
+            if logging.getLogger("runstream").isEnabledFor(logging.DEBUG):
+                traceback.print_exc()
             click.echo(f"{type(exc).__name__}: {exc}", err=True)
             sys.exit(1)
 
 
 @click.group(cls=_Cli)
-@click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG level.")
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="Log at DEBUG level, librdkafka's own lines included; tracebacks on errors.",
+)
 def cli(verbose: bool) -> None:
     """Runstream: durable workflows whose only database is Kafka."""
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # Runstream says itself when Kafka cannot be reached; librdkafka's lines only with -v.
+    logging.getLogger(LOGGER_NAME).setLevel(logging.DEBUG if verbose else logging.CRITICAL)
 
 
 cli.add_command(audit)
@@ -53,67 +70,63 @@ def load_app(target: str) -> Any:
 
 @cli.command()
 @click.argument("target")
-@click.option(
-    "--instance",
-    default="",
-    help="Stable instance id (names its state dir and "
-    "transactional id). Default: host name and PID.",
-)
-@click.option(
-    "--state-dir",
-    default="./state",
-    type=click.Path(path_type=Path),
-    show_default=True,
-    help="Where the RocksDB projections live.",
-)
-@click.option(
-    "--partitions",
-    default=12,
-    show_default=True,
-    help="Partition count if this instance creates the namespace's topics.",
-)
-@click.option("--concurrency", default=16, show_default=True, help="Local steps at once.")
+@options.engine_options
+@options.bootstrap
 @click.option(
     "--supervise/--no-supervise",
     default=True,
     show_default=True,
     help="Run the engine in a child process and start it again whenever it dies.",
 )
-def worker(
-    target: str,
-    instance: str,
-    state_dir: Path,
-    partitions: int,
-    concurrency: int,
-    supervise: bool,
-) -> None:
-    """Run an engine instance for the App at MODULE:APP until SIGTERM."""
-    from runstream.worker import WorkerSettings
+def worker(target: str, supervise: bool, **values: Any) -> None:
+    """Run an engine instance for the App at MODULE:APP until SIGTERM or SIGINT.
 
+    Every option can also be set by environment variable: --batch-size is
+    RUNSTREAM_BATCH_SIZE, --kafka-config is RUNSTREAM_KAFKA (JSON).
+    """
+    settings = options.engine_settings(values)
     if supervise:
         from runstream.supervisor import supervise as run_supervised
 
         argv = [sys.executable, "-m", "runstream", *sys.argv[1:], "--no-supervise"]
-        sys.exit(run_supervised(argv))
-    app = load_app(target)
-    app.worker(
-        WorkerSettings(
-            instance_id=instance,
-            state_dir=state_dir,
-            partitions=partitions,
-            step_concurrency=concurrency,
+        sys.exit(run_supervised(argv, grace=settings.stop_timeout + 5))
+    from runstream.worker import Worker
+
+    Worker(load_app(target), settings).run()
+
+
+@cli.command()
+@options.namespace
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=Path("./state"),
+    show_default=True,
+    help="The engine instances' state directory.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def workers(namespace: str, state_dir: Path, as_json: bool) -> None:
+    """Show the engine instances of NAMESPACE that keep their state in --state-dir: what
+    each is doing (connecting, restoring, running, draining, stopped) and its partitions."""
+    rows = read_health(state_dir / namespace)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo(f"no engine instance of {namespace!r} under {state_dir}")
+    for r in rows:
+        parts = ",".join(map(str, r["partitions"])) or "-"
+        status = r["status"] if r["alive"] else f"{r['status']} (process gone)"
+        click.echo(
+            f"{r['instance']:<24} {status:<28} pid {r['pid']:<8} partitions {parts}  "
+            f"(updated {r['age_s']}s ago)"
         )
-    ).run()
 
 
 def _client(namespace: str, bootstrap: str | None) -> Any:
     from runstream.client import Client
 
     return Client(namespace, bootstrap)
-
-
-_ns = click.option("-n", "--namespace", required=True, help="The App's namespace.")
-_bootstrap = click.option("--bootstrap", default=None, help="Kafka bootstrap servers.")
 
 
 def _json(value: str | None) -> Any:
@@ -126,10 +139,11 @@ def _json(value: str | None) -> Any:
 @cli.command()
 @click.argument("workflow")
 @click.argument("input", required=False)
-@_ns
-@_bootstrap
+@options.namespace
+@options.bootstrap
 @click.option("--run-id", default=None, help="Idempotency: starting an existing id does nothing.")
 @click.option("--version", default=None, help="Pin a workflow version (default: the newest).")
+@click.option("--tag", "tags", multiple=True, metavar="KEY=VALUE", help="A tag (repeatable).")
 @click.option("--wait", is_flag=True, help="Wait for the result and print it.")
 @click.option("--timeout", default=60.0, show_default=True)
 def start(
@@ -139,12 +153,18 @@ def start(
     bootstrap: str | None,
     run_id: str | None,
     version: str | None,
+    tags: tuple[str, ...],
     wait: bool,
     timeout: float,
 ) -> None:
     """Start WORKFLOW with INPUT (JSON); prints the run id."""
+    value = _json(input)
+    tag_map = dict(t.partition("=")[::2] for t in tags)
     with _client(namespace, bootstrap) as client:
-        rid = client.start(workflow, _json(input), run_id=run_id, version=version)
+        try:
+            rid = client.start(workflow, value, run_id=run_id, version=version, tags=tag_map)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--run-id") from None
         click.echo(rid)
         if wait:
             click.echo(json.dumps(client.result(rid, timeout=timeout)))
@@ -154,20 +174,21 @@ def start(
 @click.argument("run_id")
 @click.argument("name")
 @click.argument("payload", required=False)
-@_ns
-@_bootstrap
+@options.namespace
+@options.bootstrap
 def signal(
     run_id: str, name: str, payload: str | None, namespace: str, bootstrap: str | None
 ) -> None:
     """Send signal NAME with PAYLOAD (JSON) to RUN_ID."""
+    value = _json(payload)
     with _client(namespace, bootstrap) as client:
-        client.signal(run_id, name, _json(payload))
+        client.signal(run_id, name, value)
 
 
 @cli.command()
 @click.argument("run_id")
-@_ns
-@_bootstrap
+@options.namespace
+@options.bootstrap
 @click.option("--timeout", default=60.0, show_default=True)
 def result(run_id: str, namespace: str, bootstrap: str | None, timeout: float) -> None:
     """Wait for RUN_ID to end; print its output as JSON (exit 1 if it failed)."""
@@ -177,8 +198,8 @@ def result(run_id: str, namespace: str, bootstrap: str | None, timeout: float) -
 
 @cli.command()
 @click.argument("run_id")
-@_ns
-@_bootstrap
+@options.namespace
+@options.bootstrap
 @click.option("--compensate", is_flag=True, help="Run the compensations first.")
 @click.option("--reason", default="", help="Recorded with the cancellation.")
 def cancel(
@@ -191,8 +212,8 @@ def cancel(
 
 @cli.command("get")
 @click.argument("run_id")
-@_ns
-@_bootstrap
+@options.namespace
+@options.bootstrap
 def get_run(run_id: str, namespace: str, bootstrap: str | None) -> None:
     """Show RUN_ID's status, as its owning instance knows it (JSON)."""
     with _client(namespace, bootstrap) as client:
@@ -200,4 +221,5 @@ def get_run(run_id: str, namespace: str, bootstrap: str | None) -> None:
 
 
 def main() -> None:
+    """The console script."""
     cli()

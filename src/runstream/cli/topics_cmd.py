@@ -2,35 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import wraps
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
-from runstream.config import resolve_bootstrap
-from runstream.errors import RunstreamError
+from runstream.cli import options
+from runstream.settings import Settings
 from runstream.topics.admin import describe_topics, ensure_topics
 from runstream.topics.spec import DEFAULT_PARTITIONS, DEFAULT_REPLICATION
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-_BOOTSTRAP_HELP = (
-    "Kafka bootstrap servers (default: $RUNSTREAM_BOOTSTRAP_SERVERS, "
-    "$KAFKA_BOOTSTRAP_SERVERS, the broker `runstream kafka up` started, 127.0.0.1:9092)."
-)
-
-
-def _errors_to_exit(fn: F) -> F:
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except RunstreamError as exc:
-            click.echo(f"Error: {exc}", err=True)
-            raise SystemExit(1) from None
-
-    return wrapper  # type: ignore[return-value]
 
 
 @click.group()
@@ -66,8 +45,7 @@ def topics() -> None:
     multiple=True,
     help="Also create <namespace>.tasks.<group> for this worker group (repeatable).",
 )
-@click.option("--bootstrap", default=None, help=_BOOTSTRAP_HELP)
-@_errors_to_exit
+@options.bootstrap
 def create(
     namespace: str,
     partitions: int,
@@ -76,23 +54,26 @@ def create(
     bootstrap: str | None,
 ) -> None:
     """Create the topics of NAMESPACE that do not exist yet (safe to repeat)."""
-    server = resolve_bootstrap(bootstrap)
-    created = ensure_topics(server, namespace, partitions, replication, task_groups=task_groups)
+    s = Settings().with_bootstrap(bootstrap)
+    server = s.bootstrap()
+    created = ensure_topics(
+        server, namespace, partitions, replication, task_groups=task_groups, kafka=s.kafka
+    )
     if created:
         for name in created:
             click.echo(f"created {name}")
     else:
         click.echo(f"all topics of {namespace!r} already exist")
-    _print_table(describe_topics(server, namespace))
+    _print_table(describe_topics(server, namespace, kafka=s.kafka))
 
 
 @topics.command("describe")
 @click.argument("namespace")
-@click.option("--bootstrap", default=None, help=_BOOTSTRAP_HELP)
-@_errors_to_exit
+@options.bootstrap
 def describe(namespace: str, bootstrap: str | None) -> None:
     """Show the topics of NAMESPACE: partitions, replication, retention."""
-    rows = describe_topics(resolve_bootstrap(bootstrap), namespace)
+    s = Settings().with_bootstrap(bootstrap)
+    rows = describe_topics(s.bootstrap(), namespace, kafka=s.kafka)
     _print_table(rows)
     missing = [r["name"] for r in rows if not r["exists"]]
     if missing:

@@ -1,82 +1,77 @@
 """The public lifecycle stream: one event per fact worth telling the outside world.
 
-Documented in the README as a contract; fields are those of LifecycleEvent.avsc.
+Documented in the README as a contract; the record is LifecycleEvent.avsc.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
 
-from runstream.engine.state import Fact, RunState
+from runstream.engine.state import RunState
+from runstream.schemas.records import (
+    Fact,
+    Kind,
+    LifecycleEvent,
+    RunCancelled,
+    RunCompleted,
+    RunDead,
+    RunFailed,
+    RunParked,
+    RunRejected,
+    RunStarted,
+    SignalAwaited,
+    StepCompleted,
+    StepFailed,
+    StepStarted,
+    TimerScheduled,
+)
 
 
-def event(fact: Fact, state: RunState) -> dict[str, Any] | None:
+def event(fact: Fact, state: RunState) -> LifecycleEvent | None:
     """The lifecycle event for ``fact`` (already applied to ``state``), or None."""
-    name, r = fact
-    kind = _TYPES.get(name)
-    if kind is None:
-        return None
-    ev: dict[str, Any] = {
-        "type": kind,
-        "run_id": state.run_id,
-        "at_ms": r["at_ms"],
-        "workflow": state.workflow,
-        "version": state.version,
-        "status": state.status,
-        "seq": r.get("seq"),
-        "step": r.get("name") if name.startswith("Step") else None,
-        "attempt": r.get("attempt"),
-        "duration_ms": r.get("duration_ms"),
-        "output": None,
-        "error": r.get("error"),
-        "reason": r.get("reason"),
-    }
-    if name == "TimerScheduled":
-        due = datetime.fromtimestamp(r["due_ms"] / 1000, UTC).isoformat(timespec="milliseconds")
-        ev["reason"] = f"sleeping until {due}"
-    elif name == "SignalAwaited":
-        ev["reason"] = f"waiting for signal {r['name']!r}"
-    elif name == "RunParked":
-        ev["reason"] = r["reason"]
-    elif name in ("RunCompleted", "RunFailed", "RunCancelled", "RunDead"):
-        ev["duration_ms"] = r["at_ms"] - state.started_at_ms
-        if name == "RunCompleted":
-            ev["output"] = r["output"]
-            if r["continued_as"]:
-                ev["reason"] = f"continued as {r['continued_as']}"
-    return ev
 
+    base = LifecycleEvent("", state.run_id, fact.at_ms, state.workflow, state.version, state.status)
 
-def rejected(run_id: str, at_ms: int, workflow: str, reason: str) -> dict[str, Any]:
-    """A start that never became a run (unknown workflow, invalid input)."""
-    return {
-        "type": "run.rejected",
-        "run_id": run_id,
-        "at_ms": at_ms,
-        "workflow": workflow,
-        "version": "",
-        "status": "rejected",
-        "seq": None,
-        "step": None,
-        "attempt": None,
-        "duration_ms": None,
-        "output": None,
-        "error": None,
-        "reason": reason,
-    }
-
-
-_TYPES = {
-    "RunStarted": "run.started",
-    "StepStarted": "step.started",
-    "StepCompleted": "step.completed",
-    "StepFailed": "step.failed",
-    "TimerScheduled": "run.suspended",
-    "SignalAwaited": "run.suspended",
-    "RunParked": "run.suspended",
-    "RunCompleted": "run.completed",
-    "RunFailed": "run.failed",
-    "RunCancelled": "run.cancelled",
-    "RunDead": "run.dead",
-}
+    run_time = fact.at_ms - state.started_at_ms
+    match fact:
+        case RunStarted():
+            return replace(base, type=Kind.RUN_STARTED)
+        case StepStarted(seq=seq, name=name, attempt=attempt):
+            return replace(base, type=Kind.STEP_STARTED, seq=seq, step=name, attempt=attempt)
+        case StepCompleted(seq=seq, name=name, attempt=attempt, duration_ms=ms):
+            return replace(
+                base, type=Kind.STEP_COMPLETED, seq=seq, step=name, attempt=attempt, duration_ms=ms
+            )
+        case StepFailed(seq=seq, name=name, attempt=attempt, error=error):
+            return replace(
+                base, type=Kind.STEP_FAILED, seq=seq, step=name, attempt=attempt, error=error
+            )
+        case TimerScheduled(seq=seq, due_ms=due):
+            until = datetime.fromtimestamp(due / 1000, UTC).isoformat(timespec="milliseconds")
+            return replace(base, type=Kind.RUN_SUSPENDED, seq=seq, reason=f"sleeping until {until}")
+        case SignalAwaited(seq=seq, name=name):
+            return replace(
+                base, type=Kind.RUN_SUSPENDED, seq=seq, reason=f"waiting for signal {name!r}"
+            )
+        case RunParked(reason=reason):
+            return replace(base, type=Kind.RUN_SUSPENDED, reason=reason)
+        case RunCompleted(output=output, continued_as=successor):
+            because = f"continued as {successor}" if successor else None
+            return replace(
+                base,
+                type=Kind.RUN_COMPLETED,
+                duration_ms=run_time,
+                output=output,
+                reason=because,
+                continued_as=successor,
+            )
+        case RunFailed(error=error):
+            return replace(base, type=Kind.RUN_FAILED, duration_ms=run_time, error=error)
+        case RunCancelled(reason=reason):
+            return replace(base, type=Kind.RUN_CANCELLED, duration_ms=run_time, reason=reason)
+        case RunDead(reason=reason):
+            return replace(base, type=Kind.RUN_DEAD, duration_ms=run_time, reason=reason)
+        case RunRejected(code=code, reason=reason):
+            return replace(base, type=Kind.RUN_REJECTED, reason=reason, code=code)
+    return None

@@ -2,20 +2,36 @@
 
 No clock, no I/O, no randomness: replaying a run's journal facts in order
 always gives the same state, which is what restore and rebuild rely on.
+One case per fact type; a fact the reducer does not know is an error, never skipped.
 """
 
 from __future__ import annotations
 
-from runstream.engine.state import (
-    CANCELLED,
-    COMPENSATING,
-    COMPLETED,
-    DEAD,
-    FAILED,
-    PARKED,
-    RUNNING,
+from collections.abc import Iterable
+
+from runstream.engine.state import RunState, Status
+from runstream.schemas.records import (
+    END_FACTS,
+    CompensationStarted,
     Fact,
-    RunState,
+    RunCancelled,
+    RunCompleted,
+    RunDead,
+    RunFailed,
+    RunParked,
+    RunRecovered,
+    RunRejected,
+    RunStarted,
+    SignalAwaited,
+    SignalBuffered,
+    SignalReceived,
+    SignalTimedOut,
+    StepCompleted,
+    StepFailed,
+    StepStarted,
+    TimerFired,
+    TimerScheduled,
+    ValueRecorded,
 )
 
 
@@ -25,72 +41,74 @@ class UnknownFactError(ValueError):
 
 def apply(state: RunState, fact: Fact) -> RunState:
     """Fold ``fact`` into ``state`` (in place) and return it."""
-    name, r = fact
     state.facts += 1
-    if state.status == PARKED and name not in _KEEPS_PARKED:
-        state.status, state.reason = RUNNING, None  # the run made progress again
-    if name in _OPEN:
-        state.pending[r["seq"]] = fact
-    elif name in _SETTLE:
-        seq = r["seq"]
-        state.pending.pop(seq, None)
-        state.resolved[seq] = fact
-        if name == "StepCompleted":
+    if state.status is Status.PARKED and not isinstance(fact, RunParked | SignalBuffered):
+        state.status, state.reason = Status.RUNNING, None  # the run made progress again
+    match fact:
+        case StepStarted() | TimerScheduled() | SignalAwaited():
+            state.pending[fact.seq] = fact
+        case StepCompleted():
+            _settle(state, fact)
             state.steps += 1
-        elif name == "SignalReceived":
-            _consume_buffered(state, r["signal_id"])
-    elif name == "StepFailed":
-        seq = r["seq"]
-        if r["retry_at_ms"] is None:  # final: the workflow sees the error
-            state.pending.pop(seq, None)
-            state.resolved[seq] = fact
-        else:
-            state.pending[seq] = fact
-    elif name == "RunStarted":
-        state.workflow, state.version, state.input = r["workflow"], r["version"], r["input"]
-        state.parent_run_id, state.tags = r["parent_run_id"], dict(r["tags"])
-        state.started_at_ms, state.status = r["at_ms"], RUNNING
-    elif name == "SignalBuffered":
-        state.signals.append(r)
-        state.signal_ids.add(r["signal_id"])
-    elif name == "RunRecovered":
-        state.recoveries = r["recoveries"]
-    elif name == "CompensationStarted":
-        state.compensation, state.status = r, COMPENSATING
-    elif name == "RunParked":
-        state.status, state.reason = PARKED, r["reason"]
-    elif name in _END:
-        state.status, state.ended_at_ms = _END[name], r["at_ms"]
-        state.pending.clear()
-        if name == "RunCompleted":
-            state.output, state.continued_as = r["output"], r["continued_as"]
-        elif name == "RunFailed":
-            state.error = r["error"]
-        else:
-            state.reason = r["reason"]
-    else:
-        raise UnknownFactError(name)
+        case TimerFired() | SignalTimedOut() | ValueRecorded():
+            _settle(state, fact)
+        case SignalReceived():
+            _settle(state, fact)
+            _consume_buffered(state, fact.signal_id)
+        case StepFailed(retry_at_ms=None):  # final: the workflow sees the error
+            _settle(state, fact)
+        case StepFailed():
+            state.pending[fact.seq] = fact  # waits for its retry
+        case RunStarted():
+            state.workflow, state.version, state.input = fact.workflow, fact.version, fact.input
+            state.parent_run_id, state.tags = fact.parent_run_id, dict(fact.tags)
+            state.started_at_ms, state.status, state.started = fact.at_ms, Status.RUNNING, True
+            state.reason = state.code = None
+        case RunRejected():
+            state.workflow, state.status = fact.workflow, Status.REJECTED
+            state.reason, state.code = fact.reason, fact.code
+        case SignalBuffered():
+            state.signals.append(fact)
+            state.signal_ids.add(fact.signal_id)
+        case RunRecovered():
+            state.recoveries = fact.recoveries
+        case CompensationStarted():
+            state.compensation, state.status = fact, Status.COMPENSATING
+        case RunParked():
+            state.status, state.reason = Status.PARKED, fact.reason
+        case RunCompleted() | RunFailed() | RunCancelled() | RunDead():
+            state.status, state.ended_at_ms = END_FACTS[type(fact)], fact.at_ms
+            state.pending.clear()
+            if isinstance(fact, RunCompleted):
+                state.output, state.continued_as = fact.output, fact.continued_as
+            elif isinstance(fact, RunFailed):
+                state.error = fact.error
+            else:
+                state.reason = fact.reason
+        case _:
+            raise UnknownFactError(type(fact).__name__)
     return state
 
 
-def fold(run_id: str, facts: list[Fact]) -> RunState:
+def fold(run_id: str, facts: Iterable[Fact]) -> RunState:
+    """The state of ``run_id`` after ``facts``, from nothing."""
     state = RunState(run_id)
     for fact in facts:
         apply(state, fact)
     return state
 
 
+def _settle(
+    state: RunState,
+    fact: StepCompleted | StepFailed | TimerFired | SignalReceived | SignalTimedOut | ValueRecorded,
+) -> None:
+    state.pending.pop(fact.seq, None)
+    state.resolved[fact.seq] = fact
+
+
 def _consume_buffered(state: RunState, signal_id: str) -> None:
     state.signal_ids.add(signal_id)
     for i, sig in enumerate(state.signals):
-        if sig["signal_id"] == signal_id:
+        if sig.signal_id == signal_id:
             del state.signals[i]
             return
-
-
-_OPEN = frozenset({"StepStarted", "TimerScheduled", "SignalAwaited"})
-_SETTLE = frozenset(
-    {"StepCompleted", "TimerFired", "SignalReceived", "SignalTimedOut", "ValueRecorded"}
-)
-_KEEPS_PARKED = frozenset({"RunParked", "SignalBuffered"})
-_END = {"RunCompleted": COMPLETED, "RunFailed": FAILED, "RunCancelled": CANCELLED, "RunDead": DEAD}

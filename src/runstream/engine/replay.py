@@ -5,6 +5,9 @@ settled that number, the call returns the recorded result without doing anything
 the first call without a recorded result suspends the workflow by yielding a
 request out of the coroutine, which the driver then closes. Nothing is cached
 between replays: correctness never depends on keeping coroutines alive.
+
+Whatever the workflow code raises, `replay` returns an outcome: user code cannot
+take the engine down, not even with ``SystemExit`` or ``KeyboardInterrupt``.
 """
 
 from __future__ import annotations
@@ -15,14 +18,27 @@ import random as _random
 import traceback
 import uuid as _uuid
 from collections.abc import Callable, Generator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from runstream.engine import payload
-from runstream.engine.state import Fact, RunState
+from runstream.engine.state import RunState
 from runstream.engine.workflow import Registry, StepDef, WorkflowDef, seconds
 from runstream.errors import NonDeterminismError, SignalTimeout, StepError
+from runstream.schemas.records import (
+    SeqFact,
+    SignalAwaited,
+    SignalReceived,
+    SignalTimedOut,
+    StepCompleted,
+    StepFailed,
+    StepStarted,
+    TimerFired,
+    TimerScheduled,
+    ValueRecorded,
+)
 
 
 # What a suspended workflow waits for.
@@ -46,6 +62,9 @@ class SignalWait:
     timeout: float | None
 
 
+Request = StepCall | SleepCall | SignalWait
+
+
 # How one replay ended.
 @dataclass(frozen=True, slots=True)
 class Completed:
@@ -65,7 +84,7 @@ class ContinuedAsNew:
 
 @dataclass(frozen=True, slots=True)
 class Blocked:
-    request: StepCall | SleepCall | SignalWait
+    request: Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,14 +92,32 @@ class NonDeterministic:
     error: NonDeterminismError
 
 
-Outcome = Completed | Failed | ContinuedAsNew | Blocked | NonDeterministic
+@dataclass(frozen=True, slots=True)
+class Overran:
+    """The workflow code ran past its time budget and was interrupted."""
+
+
+Outcome = Completed | Failed | ContinuedAsNew | Blocked | NonDeterministic | Overran
+
+
+@dataclass(frozen=True, slots=True)
+class Compensation:
+    """The undo registered by the completed step at ``seq`` (runs as step ``-seq``)."""
+
+    seq: int
+    step: StepDef
+    args: tuple[Any, ...]
 
 
 @dataclass(slots=True)
 class Replay:
     outcome: Outcome
-    new_facts: list[Fact] = field(default_factory=list)  # recorded values (now, uuid, random)
-    compensations: list[tuple[StepDef, tuple[Any, ...]]] = field(default_factory=list)
+    new_facts: list[ValueRecorded] = field(default_factory=list)  # ctx.now/uuid/random
+    compensations: list[Compensation] = field(default_factory=list)
+
+
+class Overrun(BaseException):
+    """Raised into workflow code that overran its time budget (see engine.budget)."""
 
 
 class _Abort(BaseException):
@@ -93,7 +130,7 @@ class _Abort(BaseException):
 class _Suspend:
     __slots__ = ("request",)
 
-    def __init__(self, request: StepCall | SleepCall | SignalWait) -> None:
+    def __init__(self, request: Request) -> None:
         self.request = request
 
     def __await__(self) -> Generator[_Suspend, None, Any]:
@@ -101,27 +138,27 @@ class _Suspend:
         raise RuntimeError("a suspended workflow cannot be resumed")  # the driver closes it
 
 
-# The kind and name each fact records for its sequence number: what the code must ask for.
-_KIND = {
-    "StepStarted": "step",
-    "StepCompleted": "step",
-    "StepFailed": "step",
-    "TimerScheduled": "sleep",
-    "TimerFired": "sleep",
-    "SignalAwaited": "signal",
-    "SignalReceived": "signal",
-    "SignalTimedOut": "signal",
-    "ValueRecorded": "value",
-}
-
-
-def _op(fact: Fact) -> str:
-    kind = _KIND[fact.name]
-    return f"{kind} {fact.rec.get('name', '')}".rstrip() if kind != "sleep" else "sleep"
+def _op(fact: SeqFact) -> str:
+    """What a fact records at its sequence number, as the code must ask for it."""
+    match fact:
+        case StepStarted() | StepCompleted() | StepFailed():
+            return f"step {fact.name}"
+        case TimerScheduled() | TimerFired():
+            return "sleep"
+        case SignalAwaited() | SignalReceived() | SignalTimedOut():
+            return f"signal {fact.name}"
+        case ValueRecorded():
+            return f"value {fact.name}"
+    raise TypeError(type(fact).__name__)  # pragma: no cover - SeqFact is closed
 
 
 class Context:
-    """What a workflow gets as its first argument."""
+    """What a workflow gets as its first argument: the durable operations.
+
+    Each operation takes the next sequence number of the run; on replay it returns what
+    the run's history recorded for that number. Keep workflow code deterministic: use
+    `now`, `uuid` and `random` rather than the clock or `random`, and do I/O in steps.
+    """
 
     def __init__(self, state: RunState, registry: Registry, now_ms: int) -> None:
         self.run_id = state.run_id
@@ -131,8 +168,8 @@ class Context:
         self._registry = registry
         self._now_ms = now_ms
         self._seq = 0
-        self._new: list[Fact] = []
-        self._compensations: list[tuple[StepDef, tuple[Any, ...]]] = []
+        self._new: list[ValueRecorded] = []
+        self._compensations: list[Compensation] = []
 
     # -- durable operations ------------------------------------------------------
     async def step(
@@ -142,54 +179,54 @@ class Context:
 
         ``compensate`` (called with the same arguments) is registered once the step
         succeeds, and runs if the workflow later fails or is cancelled with compensation.
+        Raises `StepError` when the step failed after its retries.
         """
         sd = self._registry.step(fn)
         seq = self._next()
         fact = self._recorded(seq, "step " + sd.name)
-        if (
-            fact is None
-            or fact.name == "StepStarted"
-            or (fact.name == "StepFailed" and fact.rec["retry_at_ms"] is not None)
+        if not isinstance(fact, StepCompleted | StepFailed) or (
+            isinstance(fact, StepFailed) and fact.retry_at_ms is not None
         ):
             await _Suspend(StepCall(seq, sd, args))
-        assert fact is not None
-        if fact.name == "StepFailed":
-            raise StepError(sd.name, fact.rec["error"])
+        if isinstance(fact, StepFailed):
+            raise StepError(sd.name, fact.error)
+        assert isinstance(fact, StepCompleted)
         if compensate is not None:
-            self._compensations.append((self._registry.step(compensate), args))
-        value = payload.loads(fact.rec["output"])
+            self._compensations.append(Compensation(seq, self._registry.step(compensate), args))
+        value = payload.loads(fact.output)
         return sd.output.validate_python(value) if sd.output is not None else value
 
-    async def sleep(self, duration: float | int | str) -> None:
+    async def sleep(self, duration: float | str) -> None:
         """Sleep durably: seconds, or a string such as "5s", "10m", "1d"."""
         secs = seconds(duration)
         seq = self._next()
-        fact = self._recorded(seq, "sleep")
-        if fact is None or fact.name != "TimerFired":
+        if not isinstance(self._recorded(seq, "sleep"), TimerFired):
             await _Suspend(SleepCall(seq, secs))
 
-    async def wait_for_signal(self, name: str, timeout: float | int | str | None = None) -> Any:
+    async def wait_for_signal(self, name: str, timeout: float | str | None = None) -> Any:
         """The payload of the next signal ``name`` sent to this run (buffered if it came
         earlier). Raises `SignalTimeout` when ``timeout`` passes first."""
         secs = None if timeout is None else seconds(timeout)
         seq = self._next()
         fact = self._recorded(seq, "signal " + name)
-        if fact is None or fact.name == "SignalAwaited":
+        if not isinstance(fact, SignalReceived | SignalTimedOut):
             await _Suspend(SignalWait(seq, name, secs))
-        assert fact is not None
-        if fact.name == "SignalTimedOut":
+        if isinstance(fact, SignalTimedOut):
             raise SignalTimeout(f"no signal {name!r} for run {self.run_id!r} within {timeout}")
-        return payload.loads(fact.rec["payload"])
+        assert isinstance(fact, SignalReceived)
+        return payload.loads(fact.payload)
 
     def now(self) -> datetime:
         """The time, recorded on first execution so replays see the same value."""
         return datetime.fromtimestamp(self._value("now", lambda: self._now_ms) / 1000, UTC)
 
     def uuid(self) -> str:
-        return self._value("uuid", lambda: str(_uuid.uuid4()))
+        """A random UUID (hex with dashes), recorded on first execution."""
+        return str(self._value("uuid", lambda: str(_uuid.uuid4())))
 
     def random(self) -> float:
-        return self._value("random", lambda: _random.Random(os.urandom(16)).random())
+        """A random float in [0, 1), recorded on first execution."""
+        return float(self._value("random", lambda: _random.Random(os.urandom(16)).random()))
 
     def continue_as_new(self, input: Any = None) -> None:
         """End this run and start ``<run_id>~N`` with ``input`` and a fresh history."""
@@ -200,11 +237,11 @@ class Context:
         self._seq += 1
         return self._seq
 
-    def _recorded(self, seq: int, op: str) -> Fact | None:
+    def _recorded(self, seq: int, op: str) -> SeqFact | None:
         fact = self._state.resolved.get(seq) or self._state.pending.get(seq)
         if fact is None:
             for new in self._new:  # values recorded earlier in this same replay
-                if new.rec["seq"] == seq:
+                if new.seq == seq:
                     fact = new
         if fact is not None and _op(fact) != op:
             raise _Abort(NonDeterministic(NonDeterminismError(self.run_id, seq, _op(fact), op)))
@@ -214,47 +251,57 @@ class Context:
         seq = self._next()
         fact = self._recorded(seq, "value " + name)
         if fact is None:
-            fact = Fact(
-                "ValueRecorded",
-                {
-                    "run_id": self.run_id,
-                    "at_ms": self._now_ms,
-                    "seq": seq,
-                    "name": name,
-                    "value": payload.dumps(make()),
-                },
-            )
+            fact = ValueRecorded(self.run_id, self._now_ms, seq, name, payload.dumps(make()))
             self._new.append(fact)
-        return payload.loads(fact.rec["value"])
+        assert isinstance(fact, ValueRecorded)
+        return payload.loads(fact.value)
 
 
-def replay(wf: WorkflowDef, state: RunState, registry: Registry, now_ms: int) -> Replay:
-    """Run ``wf`` against ``state``'s history until it ends or suspends."""
+def replay(
+    wf: WorkflowDef,
+    state: RunState,
+    registry: Registry,
+    now_ms: int,
+    guard: AbstractContextManager[None] | None = None,
+) -> Replay:
+    """Run ``wf`` against ``state``'s history until it ends or suspends. Never raises.
+
+    ``guard`` brackets the workflow code (the shell's time budget, `engine.budget`).
+    """
     ctx = Context(state, registry, now_ms)
     try:
-        if wf.fn.__code__.co_argcount >= 2:
-            coro = wf.fn(ctx, wf.parse_input(payload.loads(state.input)))
-        else:
-            coro = wf.fn(ctx)
+        with guard if guard is not None else contextlib.nullcontext():
+            outcome = _drive(wf, state, ctx)
+    except Overrun:
+        outcome = Overran()
+    return Replay(outcome, ctx._new, ctx._compensations)
+
+
+def _drive(wf: WorkflowDef, state: RunState, ctx: Context) -> Outcome:
+    try:
+        coro = wf.call(ctx, wf.parse_input(payload.loads(state.input)))
         yielded = coro.send(None)
     except StopIteration as stop:
-        outcome: Outcome = _check_nothing_left(state, ctx) or Completed(stop.value)
+        return _check_nothing_left(state, ctx) or Completed(stop.value)
     except _Abort as abort:
-        outcome = abort.outcome
-    except Exception as exc:
-        outcome = Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc())
-    else:
-        with contextlib.suppress(RuntimeError):  # it awaited in a finally block: let it be
-            coro.close()
-        if isinstance(yielded, _Suspend):
-            outcome = Blocked(yielded.request)
-        else:
-            outcome = Failed(
-                "TypeError: a workflow may only await Runstream operations "
-                f"(ctx.step, ctx.sleep, ctx.wait_for_signal), not {yielded!r}",
-                "",
-            )
-    return Replay(outcome, ctx._new, ctx._compensations)
+        return abort.outcome
+    except Overrun:
+        raise
+    except BaseException as exc:  # user code: SystemExit and KeyboardInterrupt included
+        return Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc())
+    try:
+        coro.close()  # runs the workflow's finally blocks
+    except Overrun:
+        raise
+    except BaseException:  # it awaited or raised in a finally block: let it be
+        pass
+    if isinstance(yielded, _Suspend):
+        return Blocked(yielded.request)
+    return Failed(
+        "TypeError: a workflow may only await Runstream operations "
+        f"(ctx.step, ctx.sleep, ctx.wait_for_signal), not {yielded!r}",
+        "",
+    )
 
 
 def _check_nothing_left(state: RunState, ctx: Context) -> NonDeterministic | None:

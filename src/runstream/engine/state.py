@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field, replace
 
-# Statuses a run can be in. "Terminal" runs never change again.
-RUNNING = "running"
-COMPENSATING = "compensating"
-PARKED = "parked"
-COMPLETED = "completed"
-FAILED = "failed"
-CANCELLED = "cancelled"
-DEAD = "dead"
-TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED, DEAD})
+from runstream.schemas.records import (
+    TERMINAL,
+    CompensationStarted,
+    SeqFact,
+    SignalAwaited,
+    SignalBuffered,
+    StepFailed,
+    StepStarted,
+    TimerScheduled,
+)
+from runstream.schemas.records import Status as Status
 
-
-class Fact(NamedTuple):
-    """One journal record: its Avro type name and its fields."""
-
-    name: str
-    rec: dict[str, Any]
+__all__ = ["RunState", "Status"]
 
 
 @dataclass(slots=True)
@@ -39,25 +35,28 @@ class RunState:
     input: bytes = b"null"
     parent_run_id: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
-    status: str = RUNNING
+    status: Status = Status.RUNNING
     started_at_ms: int = 0
     ended_at_ms: int | None = None
-    resolved: dict[int, Fact] = field(default_factory=dict)
-    pending: dict[int, Fact] = field(default_factory=dict)
-    signals: list[dict[str, Any]] = field(default_factory=list)  # buffered, not yet consumed
+    resolved: dict[int, SeqFact] = field(default_factory=dict)
+    pending: dict[int, SeqFact] = field(default_factory=dict)
+    signals: list[SignalBuffered] = field(default_factory=list)  # buffered, not yet consumed
     signal_ids: set[str] = field(default_factory=set)  # every signal id seen: dedupe
     recoveries: int = 0
-    compensation: dict[str, Any] | None = None  # CompensationStarted fields while compensating
+    compensation: CompensationStarted | None = None  # while compensating
     output: bytes | None = None
     error: str | None = None
     reason: str | None = None
+    code: str | None = None  # a rejected start: its reason code
     continued_as: str | None = None
     facts: int = 0  # facts applied: the next fact's index in the projection
     steps: int = 0  # StepCompleted facts
+    started: bool = False  # has a RunStarted (a rejected start has only RunRejected)
 
     @property
     def exists(self) -> bool:
-        return self.facts > 0
+        """The run was started (a rejected start is not a run)."""
+        return self.started
 
     @property
     def terminal(self) -> bool:
@@ -65,43 +64,25 @@ class RunState:
 
     def copy(self) -> RunState:
         """A copy whose containers can change without touching this one."""
-        return RunState(
-            self.run_id,
-            self.workflow,
-            self.version,
-            self.input,
-            self.parent_run_id,
-            self.tags,
-            self.status,
-            self.started_at_ms,
-            self.ended_at_ms,
-            dict(self.resolved),
-            dict(self.pending),
-            list(self.signals),
-            set(self.signal_ids),
-            self.recoveries,
-            self.compensation,
-            self.output,
-            self.error,
-            self.reason,
-            self.continued_as,
-            self.facts,
-            self.steps,
+        return replace(
+            self,
+            resolved=dict(self.resolved),
+            pending=dict(self.pending),
+            signals=list(self.signals),
+            signal_ids=set(self.signal_ids),
         )
 
-    def timers(self) -> list[tuple[int, int]]:
+    def timers(self) -> set[tuple[int, int]]:
         """(due_ms, seq) of every open operation that waits for a time."""
-        out = []
+        out = set()
         for seq, fact in self.pending.items():
-            due = (
-                fact.rec.get("due_ms")
-                or fact.rec.get("retry_at_ms")
-                or fact.rec.get("timeout_at_ms")
-            )
-            if due is not None:
-                out.append((due, seq))
+            match fact:
+                case TimerScheduled(due_ms=due):
+                    out.add((due, seq))
+                case StepFailed(retry_at_ms=int(due)) | SignalAwaited(timeout_at_ms=int(due)):
+                    out.add((due, seq))
         return out
 
     def running_steps(self) -> list[int]:
         """Sequence numbers of steps started with no recorded outcome yet."""
-        return [s for s, f in self.pending.items() if f.name == "StepStarted"]
+        return [s for s, f in self.pending.items() if isinstance(f, StepStarted)]

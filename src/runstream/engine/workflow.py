@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable
+import typing
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,8 @@ def seconds(value: float | int | str) -> float:
 @dataclass(frozen=True)
 class StepPolicy:
     """How a step is retried: ``retries`` more attempts after the first, waiting
-    ``backoff * 2**(attempt-1)`` seconds (capped at ``max_backoff``)."""
+    ``backoff * 2**(attempt-1)`` seconds (capped at ``max_backoff``). ``timeout``
+    (seconds) fails an attempt that runs longer; it is then retried like any failure."""
 
     retries: int = 3
     backoff: float = 1.0
@@ -37,7 +39,8 @@ class StepPolicy:
     timeout: float | None = None
 
     def delay(self, attempt: int) -> float:
-        return min(self.backoff * 2 ** (attempt - 1), self.max_backoff)
+        """Seconds to wait before the attempt after ``attempt``."""
+        return float(min(self.backoff * 2 ** (attempt - 1), self.max_backoff))
 
 
 DEFAULT_POLICY = StepPolicy()
@@ -45,6 +48,8 @@ DEFAULT_POLICY = StepPolicy()
 
 @dataclass(frozen=True)
 class StepDef:
+    """A registered step: its function, name, policy and how to rebuild its output."""
+
     fn: Callable[..., Any]
     name: str
     policy: StepPolicy
@@ -52,26 +57,38 @@ class StepDef:
     is_async: bool
 
 
-def step_def(fn: Callable[..., Any], policy: StepPolicy | None = None, name: str | None = None):
-    hints = _hints(fn)
-    ret = hints.get("return", inspect.Signature.empty)
+def step_def(
+    fn: Callable[..., Any], policy: StepPolicy | None = None, name: str | None = None
+) -> StepDef:
+    """Declare ``fn`` as a step (`App.step` does this for users)."""
+    ret = _hints(fn).get("return", inspect.Signature.empty)
     return StepDef(
         fn=fn,
         name=name or fn.__qualname__,
         policy=policy or DEFAULT_POLICY,
         output=None if ret in (inspect.Signature.empty, None, Any) else TypeAdapter(ret),
-        is_async=inspect.iscoroutinefunction(fn),
+        is_async=inspect.iscoroutinefunction(inspect.unwrap(fn)),
     )
+
+
+# How a workflow function takes its input, decided once at registration (one rule for
+# plain, decorated and keyword-only workflows): not at all, as the second positional
+# argument, or as a keyword argument of that name.
+NO_INPUT, POSITIONAL = "", "*"
 
 
 @dataclass(frozen=True)
 class WorkflowDef:
-    fn: Callable[..., Any]
+    """A registered workflow version."""
+
+    fn: Callable[..., Coroutine[Any, Any, Any]]
     name: str
     version: str
     input: TypeAdapter[Any] | None
+    input_param: str = POSITIONAL  # NO_INPUT, POSITIONAL, or the keyword's name
 
     def parse_input(self, value: Any) -> Any:
+        """The input as the workflow declared it. Raises InvalidInput."""
         if self.input is None:
             return value
         try:
@@ -81,12 +98,41 @@ class WorkflowDef:
                 f"input of workflow {self.name!r} v{self.version} is invalid: {exc}"
             ) from exc
 
+    def call(self, ctx: Any, value: Any) -> Coroutine[Any, Any, Any]:
+        """The workflow's coroutine for a run with input ``value`` (already parsed)."""
+        if self.input_param == NO_INPUT:
+            return self.fn(ctx)
+        if self.input_param == POSITIONAL:
+            return self.fn(ctx, value)
+        return self.fn(ctx, **{self.input_param: value})
 
-def workflow_def(fn: Callable[..., Any], name: str | None = None, version: str = "1"):
-    if not inspect.iscoroutinefunction(fn):
+
+def workflow_def(
+    fn: Callable[..., Any], name: str | None = None, version: str = "1"
+) -> WorkflowDef:
+    """Declare ``fn`` as a workflow (`App.workflow` does this for users).
+
+    The first parameter gets the context, the second (if any) the input: positional or
+    keyword-only. ``inspect.signature`` follows ``functools.wraps``, so decorated
+    workflows keep their input; a wrapper taking ``*args`` gets it positionally.
+    """
+    if not inspect.iscoroutinefunction(inspect.unwrap(fn)):
         raise TypeError(f"workflow {fn.__qualname__} must be an async def")
     params = list(inspect.signature(fn).parameters.values())
-    if len(params) not in (1, 2):
+    kinds = inspect.Parameter
+    if params and params[0].kind is kinds.VAR_POSITIONAL:
+        params, input_param = params[:1], POSITIONAL  # (*args, **kwargs): pass it along
+    elif len(params) == 1:
+        input_param = NO_INPUT
+    elif len(params) == 2 and params[1].kind is kinds.KEYWORD_ONLY:
+        input_param = params[1].name
+    elif len(params) == 2 and params[1].kind in (
+        kinds.POSITIONAL_ONLY,
+        kinds.POSITIONAL_OR_KEYWORD,
+        kinds.VAR_POSITIONAL,
+    ):
+        input_param = POSITIONAL
+    else:
         raise TypeError(f"workflow {fn.__qualname__} must take (ctx) or (ctx, input)")
     ann = _hints(fn).get(params[1].name, Any) if len(params) == 2 else Any
     return WorkflowDef(
@@ -94,10 +140,11 @@ def workflow_def(fn: Callable[..., Any], name: str | None = None, version: str =
         name=name or fn.__name__,
         version=str(version),
         input=None if ann is Any else TypeAdapter(ann),
+        input_param=input_param,
     )
 
 
-def _version_key(v: str) -> tuple[Any, ...]:
+def _version_key(v: str) -> tuple[tuple[int, int, str], ...]:
     # "10" > "9", and "1.10" > "1.9": compare numeric parts as numbers.
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"[.\-]", v))
 
@@ -111,27 +158,32 @@ class Registry:
     _by_name: dict[str, StepDef] = field(default_factory=dict)
 
     def add_workflow(self, wf: WorkflowDef) -> None:
+        """Register a workflow version; each (name, version) once."""
         versions = self.workflows.setdefault(wf.name, {})
         if wf.version in versions:
             raise ValueError(f"workflow {wf.name!r} version {wf.version!r} registered twice")
         versions[wf.version] = wf
 
     def latest(self, name: str) -> WorkflowDef:
+        """The newest version of workflow ``name``. Raises WorkflowNotFound."""
         versions = self.workflows.get(name)
         if not versions:
             raise WorkflowNotFound(f"no workflow named {name!r} is registered")
         return versions[max(versions, key=_version_key)]
 
     def get(self, name: str, version: str) -> WorkflowDef | None:
+        """Workflow ``name`` at ``version``, or None."""
         return self.workflows.get(name, {}).get(version)
 
     def step(self, fn: Callable[..., Any]) -> StepDef:
+        """The step of ``fn``: an undecorated function is a step with the default policy."""
         sd = self.steps.get(fn)
-        if sd is None:  # an undecorated function is a step with the default policy
+        if sd is None:
             sd = self.add_step(step_def(fn))
         return sd
 
     def add_step(self, sd: StepDef) -> StepDef:
+        """Register a step."""
         self.steps[sd.fn] = sd
         self._by_name[sd.name] = sd
         return sd
@@ -148,8 +200,6 @@ def _missing(*args: Any) -> Any:
 
 def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
     try:
-        import typing
-
-        return typing.get_type_hints(fn)
+        return typing.get_type_hints(inspect.unwrap(fn))
     except Exception:  # unresolvable forward references: no validation rather than a crash
         return {}

@@ -23,19 +23,22 @@ no parsing and are meant for the per-record hot path.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from io import BytesIO
-from typing import Any
+from typing import Any, cast
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import expand_schema, fingerprint, to_parsing_canonical_form
 from fastavro.validation import validate
 
 from runstream.errors import DecodeError, SchemaError
+from runstream.schemas.records import RECORDS, Record
 
 __all__ = ["MAGIC", "Codec", "schema_fingerprint"]
 
@@ -53,7 +56,7 @@ def schema_fingerprint(schema: Mapping[str, Any] | str) -> bytes:
     raw: Any = schema
     if isinstance(schema, str) and schema.lstrip()[:1] in ("{", "[", '"'):
         raw = json.loads(schema)  # JSON text; anything else is a bare type name ("int")
-    expanded = expand_schema(raw) if isinstance(raw, Mapping) else raw
+    expanded = expand_schema(dict(raw)) if isinstance(raw, Mapping) else raw
     return bytes.fromhex(fingerprint(to_parsing_canonical_form(expanded), "CRC-64-AVRO"))
 
 
@@ -85,7 +88,7 @@ def _load(schema: Mapping[str, Any] | str) -> _Schema:
     namespace = raw.get("namespace")
     fullname = name if "." in name or not namespace else f"{namespace}.{name}"
     try:
-        parsed = parse_schema(raw, {})
+        parsed = cast(dict[str, Any], parse_schema(raw, {}))
         fp = schema_fingerprint(raw)
     except Exception as exc:  # fastavro raises SchemaParseException, ValueError, ...
         raise SchemaError(f"invalid Avro schema {fullname}: {exc}") from exc
@@ -185,7 +188,25 @@ class Codec:
 
     # -- hot path --------------------------------------------------------------
 
-    def encode(self, name: str, record: Mapping[str, Any]) -> bytes:
+    def encode(self, record: Record) -> bytes:
+        """Single-object encode a typed record (``runstream.schemas.records``)."""
+        values = _GETTERS[type(record)](record)
+        return self.encode_raw(record.AVRO, dict(zip(_FIELDS[type(record)], values, strict=True)))
+
+    def decode(self, data: bytes | None) -> Record:
+        """Decode a single-object value into its typed record.
+
+        Raises:
+            DecodeError: as `decode_raw`, or ``"unknown-type"`` for a schema with no
+                record class (a registered schema this version does not model).
+        """
+        name, fields = self.decode_raw(data)
+        cls = RECORDS.get(name)
+        if cls is None:
+            raise DecodeError("unknown-type", f"{name} has no record type")
+        return cls(**fields)
+
+    def encode_raw(self, name: str, record: Mapping[str, Any]) -> bytes:
         """Single-object encode ``record`` with the current schema of ``name``.
 
         Fields with a default may be left out; unknown fields are an error.
@@ -202,7 +223,7 @@ class Codec:
             raise SchemaError(f"cannot encode {s.name}: {_explain(s, record, exc)}") from exc
         return buf.getvalue()
 
-    def decode(self, data: bytes | None) -> tuple[str, dict[str, Any]]:
+    def decode_raw(self, data: bytes | None) -> tuple[str, dict[str, Any]]:
         """Decode a single-object value into ``(short name, record)``.
 
         The record is read with the current schema of its name; a record written with
@@ -213,7 +234,7 @@ class Codec:
                 ``"unknown-fingerprint"`` or ``"corrupt"``.
         """
         if not data or data[:2] != MAGIC or len(data) < _HEADER_LEN:  # None: a tombstone
-            _bad_header(data)
+            raise _bad_header(data)
         fp = data[2:_HEADER_LEN]
         w = self._by_fp.get(fp)
         if w is None:
@@ -238,7 +259,14 @@ class Codec:
             raise DecodeError(
                 "corrupt", f"{w.name} body has {len(data) - buf.tell()} trailing bytes"
             )
-        return w.name, record
+        return w.name, cast(dict[str, Any], record)
+
+
+# Per record type: its field names in schema order, and one getter for all their values.
+_FIELDS = {
+    cls: tuple(f.name for f in dataclasses.fields(cast(Any, cls))) for cls in RECORDS.values()
+}
+_GETTERS = {cls: operator.attrgetter(*names) for cls, names in _FIELDS.items()}
 
 
 @functools.cache
@@ -246,15 +274,15 @@ def _default_codec() -> Codec:
     return Codec()
 
 
-def _bad_header(data: bytes | None) -> None:
+def _bad_header(data: bytes | None) -> DecodeError:
     if not data:
-        raise DecodeError("not-single-object", "empty value (a tombstone?)")
+        return DecodeError("not-single-object", "empty value (a tombstone?)")
     if not MAGIC.startswith(data[:2]):
-        raise DecodeError(
+        return DecodeError(
             "not-single-object",
             f"value starts with {data[:2].hex()}, not the Avro single-object marker c301",
         )
-    raise DecodeError("truncated", f"value has {len(data)} bytes, shorter than the 10-byte header")
+    return DecodeError("truncated", f"value has {len(data)} bytes, shorter than the 10-byte header")
 
 
 def _classify(body: bytes, writer: dict[str, Any], exc: Exception) -> str:
@@ -308,6 +336,3 @@ def _check_resolvable(writer: _Schema, reader: _Schema) -> None:
             f"{writer.fullname} (fingerprint {writer.fingerprint.hex()}) cannot be read as the "
             f"current {reader.fullname}: it lacks {', '.join(missing)}, which have no default"
         )
-
-
-# -- user payloads ---------------------------------------------------------------

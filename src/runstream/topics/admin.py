@@ -9,14 +9,14 @@ that differs from the namespace's existing ``commands``/``journal`` topics.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
-from runstream.config import client_config
-from runstream.errors import TopicError
+from runstream.errors import KafkaUnavailable, TopicError
+from runstream.topics.logs import kafka_logger, last_error
 from runstream.topics.spec import (
     DEFAULT_PARTITIONS,
     DEFAULT_REPLICATION,
@@ -25,7 +25,17 @@ from runstream.topics.spec import (
     topic_specs,
 )
 
-__all__ = ["check_copartitioned", "describe_topics", "ensure_topics"]
+__all__ = [
+    "check_copartitioned",
+    "client_config",
+    "describe_topics",
+    "ensure_topics",
+    "max_record_bytes",
+    "partition_count",
+    "wait_for_cluster",
+]
+
+Config = Mapping[str, Any]
 
 #: Topic configs that ``describe_topics`` reports.
 REPORTED_CONFIGS = (
@@ -37,8 +47,62 @@ REPORTED_CONFIGS = (
 )
 
 
-def _admin(bootstrap: str) -> AdminClient:
-    return AdminClient(client_config(bootstrap))
+def client_config(bootstrap: str, extra: Config | None = None) -> dict[str, Any]:
+    """librdkafka settings every Runstream client shares; ``extra`` wins (TLS, SASL...).
+    librdkafka's own log lines go through Python logging (`topics.logs`)."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "broker.address.family": "v4",
+        "logger": kafka_logger(),
+        **(extra or {}),
+    }
+
+
+def wait_for_cluster(
+    config: Config, timeout: float, stopping: Callable[[], bool] = lambda: False
+) -> int:
+    """Wait until a broker answers; the number of brokers. Asks in short steps, so a stop
+    request is noticed within a second. Raises KafkaUnavailable after ``timeout``."""
+    admin = AdminClient(dict(config))
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return len(admin.list_topics(timeout=min(1.0, max(0.1, left))).brokers)
+        except KafkaException as exc:
+            admin.poll(0)  # serve librdkafka's log lines (to the runstream.librdkafka logger)
+            if time.monotonic() >= deadline or stopping():
+                raise KafkaUnavailable(
+                    str(config["bootstrap.servers"]),
+                    f"no broker answered within {timeout:g}s",
+                    last_error() or str(exc.args[0]),
+                ) from None
+
+
+def max_record_bytes(config: Config, topics: Iterable[str], timeout: float = 10.0) -> int:
+    """The largest record every one of ``topics`` and our producers take."""
+    limits = [int(config.get("message.max.bytes", 1_000_000))]
+    admin = AdminClient(dict(config))  # keep it alive until the futures are done
+    resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
+    for future in admin.describe_configs(resources, request_timeout=timeout).values():
+        try:
+            entry = future.result().get("max.message.bytes")
+        except KafkaException as exc:
+            raise TopicError(f"cannot read the topics' max.message.bytes: {exc.args[0]}") from exc
+        if entry is not None:
+            limits.append(int(entry.value))
+    return min(limits)
+
+
+def partition_count(config: Config, topic: str, timeout: float = 30.0) -> int | None:
+    """``topic``'s partition count; None if it does not exist."""
+    bootstrap = str(config["bootstrap.servers"])
+    t = _metadata(AdminClient(dict(config)), bootstrap, timeout).get(topic)
+    return len(t.partitions) if t is not None and t.error is None and t.partitions else None
+
+
+def _admin(bootstrap: str, kafka: Config | None) -> AdminClient:
+    return AdminClient(client_config(bootstrap, kafka))
 
 
 def _metadata(admin: AdminClient, bootstrap: str, timeout: float) -> dict[str, Any]:
@@ -46,7 +110,9 @@ def _metadata(admin: AdminClient, bootstrap: str, timeout: float) -> dict[str, A
     try:
         return dict(admin.list_topics(timeout=timeout).topics)
     except KafkaException as exc:
-        raise TopicError(f"cannot list topics at {bootstrap}: {exc.args[0]}") from exc
+        raise KafkaUnavailable(
+            bootstrap, "listing topics", last_error() or str(exc.args[0])
+        ) from None
 
 
 def _create_hint(ns: str) -> str:
@@ -61,6 +127,7 @@ def ensure_topics(
     *,
     task_groups: Iterable[str] = (),
     timeout: float = 30.0,
+    kafka: Config | None = None,
 ) -> list[str]:
     """Create the topics of namespace ``ns`` that do not exist yet; idempotent.
 
@@ -77,7 +144,7 @@ def ensure_topics(
     """
     specs = topic_specs(ns, partitions, replication, list(task_groups))
     topics = Topics(ns)
-    admin = _admin(bootstrap)
+    admin = _admin(bootstrap, kafka)
     existing = _metadata(admin, bootstrap, timeout)
 
     # The count is fixed at creation: never create one half of the co-partitioned
@@ -113,7 +180,7 @@ def ensure_topics(
         raise TopicError(f"cannot create topics at {bootstrap}: {'; '.join(errors)}")
     _wait_visible(admin, bootstrap, created, timeout)
     # A concurrent creator may have used another count; fail loudly rather than run.
-    check_copartitioned(bootstrap, ns, timeout=timeout)
+    check_copartitioned(bootstrap, ns, timeout=timeout, kafka=kafka)
     return sorted(created)
 
 
@@ -151,7 +218,9 @@ def _wait_visible(admin: AdminClient, bootstrap: str, names: list[str], timeout:
         time.sleep(0.1)
 
 
-def describe_topics(bootstrap: str, ns: str, *, timeout: float = 30.0) -> list[dict[str, Any]]:
+def describe_topics(
+    bootstrap: str, ns: str, *, timeout: float = 30.0, kafka: Config | None = None
+) -> list[dict[str, Any]]:
     """The namespace's topics as they are in the cluster.
 
     One dict per declared topic and per existing ``<ns>.tasks.*`` topic, with keys
@@ -159,7 +228,7 @@ def describe_topics(bootstrap: str, ns: str, *, timeout: float = 30.0) -> list[d
     missing) and ``configs`` (the values of :data:`REPORTED_CONFIGS`).
     """
     topics = Topics(ns)
-    admin = _admin(bootstrap)
+    admin = _admin(bootstrap, kafka)
     meta = _metadata(admin, bootstrap, timeout)
     names = list(topics.fixed().values())
     names += sorted(n for n in meta if n.startswith(topics.tasks_prefix))
@@ -193,14 +262,16 @@ def describe_topics(bootstrap: str, ns: str, *, timeout: float = 30.0) -> list[d
     return rows
 
 
-def check_copartitioned(bootstrap: str, ns: str, *, timeout: float = 30.0) -> int:
+def check_copartitioned(
+    bootstrap: str, ns: str, *, timeout: float = 30.0, kafka: Config | None = None
+) -> int:
     """The namespace's partition count, after checking ``commands`` and ``journal``.
 
     Raises:
         TopicError: either topic is missing, or their partition counts differ.
     """
     topics = Topics(ns)
-    meta = _metadata(_admin(bootstrap), bootstrap, timeout)
+    meta = _metadata(_admin(bootstrap, kafka), bootstrap, timeout)
     missing = [n for n in (topics.commands, topics.journal) if n not in meta]
     if missing:
         raise TopicError(

@@ -9,7 +9,7 @@ Where things live:
     <cache>/local/state.json           the broker(s) `up` started: pids, bootstrap, dirs
     <cache>/local/kafka/node<i>/       their config, data and broker.log (wiped by `down`)
 
-<cache> is `runstream.config.cache_dir()` (RUNSTREAM_CACHE_DIR). <jars> is the same dir unless
+<cache> is `runstream.settings.cache_dir()` (RUNSTREAM_CACHE_DIR). <jars> is the same dir unless
 RUNSTREAM_JAR_CACHE_DIR is set: tests point RUNSTREAM_CACHE_DIR at a temp dir for the state
 but keep the jars, so they never download them twice.
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
 import fcntl
 import json
 import os
@@ -35,9 +34,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
-from runstream.config import cache_dir, client_config
 from runstream.errors import ConfigError, KafkaSetupError
+from runstream.settings import broker_alive, cache_dir, local_bootstrap, local_broker_file
+from runstream.supervisor import die_with_parent
+from runstream.topics.admin import client_config
 
 KAFKA_VERSION = "4.1.1"
 DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
@@ -126,7 +128,7 @@ def ensure_jars(progress: Progress = print) -> Path:
 def _resolve(mvn: str, libs: Path) -> None:
     if libs.exists():
         shutil.rmtree(libs)  # a half-copied dir from an interrupted run
-    with resources.as_file(resources.files("runstream") / "kafka_pom.xml") as pom:
+    with resources.as_file(resources.files("runstream.dev") / "kafka_pom.xml") as pom:
         cmd = [
             mvn,
             "-B",
@@ -203,9 +205,8 @@ def _cluster_id() -> str:
 
 def _die_with_parent() -> None:
     # preexec_fn: SIGTERM the JVM when the process that started it dies, so a crashed
-    # pytest leaves no broker behind. Linux only; elsewhere prctl is missing and skipped.
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    # pytest leaves no broker behind.
+    die_with_parent(signal.SIGTERM)
 
 
 # Every Popen we made, by pid: keeps them referenced (no ResourceWarning) and lets
@@ -215,21 +216,9 @@ _children: dict[int, subprocess.Popen[bytes]] = {}
 
 def _alive(pid: int) -> bool:
     proc = _children.get(pid)
-    if proc is not None:
+    if proc is not None:  # our own child: reap it rather than see a zombie as alive
         return proc.poll() is None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    cmdline = Path(f"/proc/{pid}/cmdline")
-    if cmdline.parent.exists():  # Linux: a zombie or a reused pid is not our broker
-        try:
-            return b"kafka.Kafka" in cmdline.read_bytes()
-        except OSError:
-            return False
-    return True
+    return broker_alive(pid)
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -546,29 +535,27 @@ def _warm_up(bootstrap: str) -> None:
 
 
 def local_dir() -> Path:
-    return cache_dir() / "local"
+    return local_broker_file().parent
 
 
 def state_path() -> Path:
-    return local_dir() / "state.json"
+    return local_broker_file()
 
 
-def _read_state() -> dict | None:
+def _read_state() -> dict[str, Any] | None:
     try:
-        return json.loads(state_path().read_text())
+        state: dict[str, Any] = json.loads(state_path().read_text())
     except (OSError, ValueError):
         return None
+    return state
 
 
 def current_bootstrap() -> str | None:
     """The bootstrap of the broker `up` started, if it still runs; else None."""
-    state = _read_state()
-    if state and any(_alive(pid) for pid in state["pids"]):
-        return state["bootstrap"]
-    return None
+    return local_bootstrap()
 
 
-def status() -> dict:
+def status() -> dict[str, Any]:
     """{"running": bool, ...}; when a state file exists also its fields and `alive` per pid."""
     state = _read_state()
     if state is None:
@@ -577,7 +564,7 @@ def status() -> dict:
     return {**state, "alive": alive, "running": any(alive)}
 
 
-def up(nodes: int = 1, port: int | None = None, progress: Progress = print) -> dict:
+def up(nodes: int = 1, port: int | None = None, progress: Progress = print) -> dict[str, Any]:
     """Start a broker (or 3-node cluster) that outlives this process; record it in state.json.
 
     Returns the state: bootstrap, pids, nodes, work_dir, log files, started, startup_seconds.

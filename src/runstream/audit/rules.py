@@ -1,0 +1,333 @@
+"""The journal's invariants, run by run, one fact at a time (pure: no Kafka).
+
+Per run (ARCHITECTURE.md section 7):
+
+- the first fact is RunStarted (after any RunRejected of earlier refused starts), and
+  there is exactly one;
+- the positive sequence numbers used are 1..k with no gap; a negative one, -s, is the
+  compensation of step s and needs a completed step s;
+- each (run, seq) is settled at most once (StepCompleted, a final StepFailed,
+  TimerFired, SignalReceived, SignalTimedOut, ValueRecorded), and nothing starts it
+  again once settled: a completed step never runs again;
+- a StepCompleted or StepFailed answers the open StepStarted of that seq and attempt;
+  a step starts again while running only after a RunRecovered;
+- a finished run has exactly one terminal fact (RunCompleted, RunFailed, RunCancelled,
+  RunDead) and nothing after it;
+- every dead run has a ``run-dead`` record on the dlq;
+- a run that has not finished is suspended for a reason: a step in flight, a retry
+  scheduled, an open timer, an open signal wait, or parked (or it was only rejected).
+  With ``expect_finished`` an unfinished run is a violation too.
+
+`RunCheck` keeps a few small dicts per run, so a journal of millions of facts is read in
+one pass; `check_run` applies it to a list of facts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from runstream.schemas.records import (
+    END_FACTS,
+    Fact,
+    RunParked,
+    RunRecovered,
+    RunRejected,
+    RunStarted,
+    SignalAwaited,
+    SignalBuffered,
+    SignalReceived,
+    SignalTimedOut,
+    StepCompleted,
+    StepFailed,
+    StepStarted,
+    TimerFired,
+    TimerScheduled,
+    ValueRecorded,
+)
+
+# Why an unfinished run may legitimately wait, by the kind of its open operation.
+_WAITS = {
+    "StepStarted": "step in flight",
+    "StepFailed": "retry scheduled",
+    "TimerScheduled": "open timer",
+    "SignalAwaited": "open signal wait",
+}
+_WAIT_ORDER = ("step in flight", "retry scheduled", "open timer", "open signal wait")
+# What a settling fact may settle, and which ones need it open.
+_OPENED_BY = {
+    "TimerFired": ("TimerScheduled",),
+    "SignalTimedOut": ("SignalAwaited",),
+    "SignalReceived": ("SignalAwaited",),
+    "ValueRecorded": (),
+}
+_NEEDS_OPEN = frozenset({"TimerFired", "SignalTimedOut"})
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One broken invariant: where (run, partition, offsets) and what."""
+
+    run_id: str
+    partition: int | None
+    offsets: tuple[int, ...]
+    message: str
+
+    def __str__(self) -> str:
+        where = "" if self.partition is None else f"p{self.partition} "
+        at = ",".join(map(str, self.offsets))
+        return f"run {self.run_id!r} [{where}@{at}]: {self.message}"
+
+
+def settles(fact: Fact) -> bool:
+    """The fact settles its sequence number for good."""
+    if isinstance(fact, StepFailed):
+        return fact.retry_at_ms is None
+    return isinstance(
+        fact, StepCompleted | TimerFired | SignalReceived | SignalTimedOut | ValueRecorded
+    )
+
+
+class RunCheck:
+    """The journal rules for one run, fed its facts in journal order by :meth:`add`.
+
+    ``pos`` is where a fact was read (its offset, or its index in a list); each problem
+    is recorded as ``(message, positions)``. Call :meth:`finish` once, after the last fact.
+    """
+
+    __slots__ = (
+        "after_end",
+        "completed",
+        "dead_lettered",
+        "facts",
+        "first",
+        "key",
+        "open",
+        "parked",
+        "partition",
+        "problems",
+        "recovering",
+        "run_id",
+        "seqs",
+        "settled",
+        "starts",
+        "status",
+        "terminal_at",
+    )
+
+    def __init__(self, run_id: str, partition: int | None = None) -> None:
+        self.run_id = run_id
+        self.key = run_id.encode()
+        self.partition = partition  # where every record of the run must be
+        self.facts = 0
+        self.first: str | None = None
+        self.starts = 0
+        self.status: str | None = None  # completed/failed/cancelled/dead once terminal
+        self.terminal_at = -1
+        self.after_end: list[tuple[str, int]] = []
+        self.parked = False
+        self.dead_lettered = False
+        self.problems: list[tuple[str, tuple[int, ...]]] = []
+        # seq -> (kind of open fact, its attempt, its position): what the run waits for
+        self.open: dict[int, tuple[str, int, int]] = {}
+        self.settled: dict[int, tuple[str, int]] = {}  # seq -> (fact, position)
+        self.completed: set[int] = set()  # steps with a StepCompleted
+        self.seqs: set[int] = set()
+        self.recovering: set[int] = set()  # seqs with a RunRecovered, not yet restarted
+
+    def _bad(self, message: str, *positions: int) -> None:
+        self.problems.append((message, positions))
+
+    def add(self, fact: Fact, pos: int) -> None:
+        """Check one fact against what the run's earlier facts allow."""
+        name = type(fact).__name__
+        self.facts += 1
+        if self.first is None or (self.first == "RunRejected" and self.starts == 0):
+            self.first = name
+            if not isinstance(fact, RunStarted | RunRejected):
+                self._bad(f"first fact is {name}, not RunStarted", pos)
+        seq = getattr(fact, "seq", None)
+        if self.status is not None:  # nothing may follow the end
+            self.after_end.append((name, pos))
+            if settles(fact) and seq is not None:
+                self._settled_twice(name, seq, pos)
+            return
+        if self.parked and not isinstance(fact, RunParked | SignalBuffered):
+            self.parked = False
+        if seq is not None:
+            self.seqs.add(seq)
+        match fact:
+            case StepStarted():
+                self._step_started(fact, pos)
+            case StepCompleted() | StepFailed():
+                self._step_ended(fact, pos)
+            case TimerFired() | SignalReceived() | SignalTimedOut() | ValueRecorded():
+                if self._settled_twice(name, fact.seq, pos):
+                    return
+                prev = self.open.pop(fact.seq, None)
+                need = _OPENED_BY[name]
+                if prev is not None and prev[0] not in need:
+                    self._bad(f"{name} seq {fact.seq} settles an open {prev[0]}", prev[2], pos)
+                elif prev is None and name in _NEEDS_OPEN:
+                    self._bad(f"{name} seq {fact.seq} with no open {' or '.join(need)}", pos)
+                self.settled[fact.seq] = (name, pos)
+            case TimerScheduled() | SignalAwaited():
+                if fact.seq in self.settled or fact.seq in self.open:
+                    at = (self.settled.get(fact.seq) or self.open[fact.seq])[-1]
+                    self._bad(f"{name} seq {fact.seq} reuses a sequence number", at, pos)
+                self.open[fact.seq] = (name, 0, pos)
+            case RunRecovered():
+                prev = self.open.get(fact.seq)
+                if prev is None or prev[0] != "StepStarted":
+                    self._bad(
+                        f"RunRecovered seq {fact.seq} but no step of that seq is running", pos
+                    )
+                self.recovering.add(fact.seq)
+            case RunStarted():
+                self.starts += 1
+                if self.starts > 1:
+                    self._bad("a second RunStarted", pos)
+            case RunRejected():
+                if self.starts:
+                    self._bad("RunRejected after the run started", pos)
+            case RunParked():
+                self.parked = True
+            case _ if type(fact) in END_FACTS:
+                self.status, self.terminal_at = END_FACTS[type(fact)], pos
+                self._close()
+
+    def _step_started(self, fact: StepStarted, pos: int) -> None:
+        seq, attempt = fact.seq, fact.attempt
+        if seq in self.settled:
+            settled_by, at = self.settled[seq]
+            self._bad(
+                f"StepStarted seq {seq} attempt {attempt} after {settled_by} settled it: "
+                "a settled step ran again",
+                at,
+                pos,
+            )
+            return
+        if seq < 0 and -seq not in self.completed:
+            self._bad(f"compensation seq {seq} but step {-seq} never completed", pos)
+        prev = self.open.get(seq)
+        if prev is None:
+            if attempt != 1:
+                self._bad(f"StepStarted seq {seq} opens with attempt {attempt}, not 1", pos)
+        else:
+            kind, prev_attempt, at = prev
+            if kind == "StepStarted" and seq not in self.recovering:
+                self._bad(
+                    f"StepStarted seq {seq} attempt {attempt} while attempt "
+                    f"{prev_attempt} runs, with no RunRecovered",
+                    at,
+                    pos,
+                )
+            elif kind not in ("StepStarted", "StepFailed"):
+                self._bad(f"StepStarted seq {seq} while {kind} is open on it", at, pos)
+            if attempt != prev_attempt + 1:
+                self._bad(
+                    f"StepStarted seq {seq} attempt {attempt} follows attempt {prev_attempt}",
+                    at,
+                    pos,
+                )
+        self.recovering.discard(seq)
+        self.open[seq] = ("StepStarted", attempt, pos)
+
+    def _step_ended(self, fact: StepCompleted | StepFailed, pos: int) -> None:
+        name, seq, attempt = type(fact).__name__, fact.seq, fact.attempt
+        if self._settled_twice(name, seq, pos):
+            return
+        prev = self.open.get(seq)
+        if prev is None or prev[0] != "StepStarted" or prev[1] != attempt:
+            what = "nothing" if prev is None else f"{prev[0]} attempt {prev[1]}"
+            self._bad(
+                f"{name} seq {seq} attempt {attempt} answers no StepStarted of that "
+                f"attempt (open: {what})",
+                *([prev[2]] if prev else []),
+                pos,
+            )
+        if isinstance(fact, StepFailed) and fact.retry_at_ms is not None:
+            self.open[seq] = ("StepFailed", attempt, pos)  # a retry is scheduled
+        else:
+            self.open.pop(seq, None)
+            self.settled[seq] = (name, pos)
+            if isinstance(fact, StepCompleted):
+                self.completed.add(seq)
+
+    def _settled_twice(self, name: str, seq: int, pos: int) -> bool:
+        earlier = self.settled.get(seq)
+        if earlier is None:
+            return False
+        self._bad(
+            f"{name} seq {seq} settles it a second time (first: {earlier[0]})", earlier[1], pos
+        )
+        return True
+
+    def _close(self) -> None:
+        """Check the sequence numbers, then drop what only an open run needs."""
+        used = [s for s in self.seqs if s > 0]
+        if used and max(used) != len(used):  # 1..k with no gap, each seq counted once
+            missing = sorted(set(range(1, max(used) + 1)) - set(used))[:5]
+            self._bad(f"sequence numbers skip {missing} (highest used: {max(used)})")
+        if 0 in self.seqs:
+            self._bad("sequence number 0 is used")
+        if self.status is not None:  # a finished run keeps only what spots a duplicate
+            for container in (self.open, self.seqs, self.recovering, self.completed):
+                container.clear()
+
+    def waiting_for(self) -> str | None:
+        """Why an unfinished run may wait (None: it waits for nothing, it is stuck)."""
+        if self.parked:
+            return "parked"
+        if self.starts == 0 and self.first == "RunRejected":
+            return "rejected"
+        kinds = {_WAITS[kind] for kind, _, _ in self.open.values()}
+        return next((w for w in _WAIT_ORDER if w in kinds), None)
+
+    def finish(self, expect_finished: bool = False) -> str:
+        """The end-of-journal checks; returns the run's status for the report:
+        its terminal status, ``suspended: <why>``, ``rejected`` or ``stuck``."""
+        if self.first is None:
+            return "empty"
+        if self.after_end:
+            shown = ", ".join(f"{n}@{p}" for n, p in self.after_end[:5])
+            more = f" and {len(self.after_end) - 5} more" if len(self.after_end) > 5 else ""
+            self._bad(
+                f"{len(self.after_end)} facts after the terminal one: {shown}{more}",
+                self.terminal_at,
+                *(p for _, p in self.after_end[:5]),
+            )
+        if self.status is None:
+            self._close()
+        if self.status == "dead" and not self.dead_lettered:
+            self._bad("the run is dead but the dlq has no run-dead record of it", self.terminal_at)
+        if self.status is not None:
+            return self.status
+        why = self.waiting_for()
+        if why == "rejected":
+            return why
+        if why is None:
+            self._bad("the run has not finished and waits for nothing (stuck)")
+            return "stuck"
+        if expect_finished:
+            self._bad(f"the run has not finished ({why})")
+        return f"suspended: {why}"
+
+
+def check_run(
+    facts: Iterable[Fact], *, expect_finished: bool = False, dead_lettered: bool = False
+) -> list[str]:
+    """The rule violations of one run's facts, in journal order (no broker needed).
+
+    Positions in the messages are indexes into ``facts``.
+    """
+    check: RunCheck | None = None
+    for i, fact in enumerate(facts):
+        if check is None:
+            check = RunCheck(fact.run_id)
+        check.add(fact, i)
+    if check is None:
+        return []
+    check.dead_lettered = dead_lettered
+    check.finish(expect_finished)
+    return [f"{msg} @{','.join(map(str, at))}" if at else msg for msg, at in check.problems]

@@ -1,0 +1,79 @@
+"""Options every command shares, declared once, and the settings they build."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from runstream.settings import Settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+BOOTSTRAP_HELP = (
+    "Kafka bootstrap servers (default: $RUNSTREAM_BOOTSTRAP_SERVERS, "
+    "$KAFKA_BOOTSTRAP_SERVERS, the broker `runstream kafka up` started, "
+    "127.0.0.1:9092)."
+)
+
+bootstrap = click.option("--bootstrap", default=None, help=BOOTSTRAP_HELP)
+namespace = click.option("-n", "--namespace", required=True, help="The App's namespace.")
+
+# Settings the `worker` command takes as options (every engine knob), and how to name them.
+ENGINE_FIELDS = (
+    "instance_id",
+    "state_dir",
+    "partitions",
+    "create_topics",
+    "batch_size",
+    "step_concurrency",
+    "transaction_timeout_ms",
+    "session_timeout_ms",
+    "leave_on_stop",
+    "stop_timeout",
+    "activation_budget",
+    "max_record_bytes",
+    "connect_timeout",
+)
+_RENAMED = {"instance_id": "instance", "step_concurrency": "concurrency"}
+
+
+def engine_options(fn: F) -> F:
+    """One ``--option`` per engine setting (unset ones come from the environment), plus
+    ``--kafka-config KEY=VALUE`` for extra librdkafka settings."""
+    for name in reversed(ENGINE_FIELDS):
+        field = Settings.model_fields[name]
+        flag = "--" + _RENAMED.get(name, name).replace("_", "-")
+        kind = field.annotation
+        if kind is bool:
+            off = "--no-" + flag[2:]
+            fn = click.option(f"{flag}/{off}", name, default=None, help=field.description)(fn)
+            continue
+        ptype: Any = {int: int, float: float, Path: click.Path(path_type=Path)}.get(kind)  # type: ignore[arg-type]
+        if kind == int | None:
+            ptype = int
+        fn = click.option(flag, name, type=ptype, default=None, help=field.description)(fn)
+    return click.option(
+        "--kafka-config",
+        "kafka",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="An extra librdkafka setting (repeatable), e.g. security.protocol=SSL.",
+    )(fn)
+
+
+def engine_settings(values: dict[str, Any]) -> Settings:
+    """Settings from the environment, overridden by the options given."""
+    given = {k: v for k, v in values.items() if k in ENGINE_FIELDS and v is not None}
+    extra = {}
+    for item in values.get("kafka") or ():
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--kafka-config")
+        extra[key.strip()] = value.strip()
+    settings = Settings(**given)
+    if extra:
+        settings = settings.model_copy(update={"kafka": {**settings.kafka, **extra}})
+    return settings.with_bootstrap(values.get("bootstrap"))

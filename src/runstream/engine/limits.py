@@ -1,0 +1,51 @@
+"""Record sizes, checked where decisions are made, before Kafka sees a record.
+
+Kafka refuses a record larger than the topic's ``max.message.bytes`` (and librdkafka one
+larger than the producer's ``message.max.bytes``); inside a transaction that refusal
+would abort every batch that carries it. So the core never produces one: each payload
+a user controls (a workflow input, a signal, a step or run output, a reply) must fit in
+`Limits.payload`, the largest record less a fixed allowance for the envelope, and every
+free text that goes with it (errors, tracebacks, reasons) is clipped to `Limits.text`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Bytes of each record kept for everything but the payload: ids, names, clipped texts.
+ENVELOPE = 64 * 1024
+#: librdkafka's default ``message.max.bytes``; brokers default to a little more.
+DEFAULT_MAX_RECORD = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The size limits of one namespace (see the README section "Limits")."""
+
+    max_record: int = DEFAULT_MAX_RECORD  # the largest record every topic and producer take
+    text: int = 8 * 1024  # error, traceback and reason texts are clipped to this many chars
+
+    def __post_init__(self) -> None:
+        if self.max_record <= 2 * ENVELOPE:
+            raise ValueError(f"max_record must exceed {2 * ENVELOPE} bytes, not {self.max_record}")
+
+    @property
+    def payload(self) -> int:
+        """The largest user payload (or inbound command) in bytes."""
+        return self.max_record - ENVELOPE
+
+    def clip(self, text: str) -> str:
+        """``text`` cut to `text` characters, saying how much was cut."""
+        if len(text) <= self.text:
+            return text
+        cut = len(text) - self.text
+        return f"{text[: self.text]}... [{cut} more characters cut]"
+
+    def too_large(self, what: str, size: int) -> str | None:
+        """Why a payload of ``size`` bytes cannot be recorded, or None if it can."""
+        if size <= self.payload:
+            return None
+        return (
+            f"{what} is {size:,} bytes; the limit is {self.payload:,} "
+            f"(the largest Kafka record, {self.max_record:,}, less {ENVELOPE:,} for the envelope)"
+        )

@@ -1,0 +1,519 @@
+"""The engine's rules: given a run's state and what happened, the facts to record and
+the work to do next.
+
+Every rule takes the batch it decides into and the run's working copy; each new fact is
+applied to that copy at once (the shell drops it if the transaction aborts). A rule
+raises `Rejected` to refuse its command; `engine.decide` turns that into a dead letter.
+No I/O, and workflow code runs only through `replay`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from runstream.engine import lifecycle, payload
+from runstream.engine.limits import Limits
+from runstream.engine.reducer import apply
+from runstream.engine.replay import (
+    Blocked,
+    Completed,
+    ContinuedAsNew,
+    Failed,
+    NonDeterministic,
+    Overran,
+    Replay,
+    SignalWait,
+    SleepCall,
+    StepCall,
+    replay,
+)
+from runstream.engine.state import RunState, Status
+from runstream.engine.work import Batch, StepJob, StepOutcome
+from runstream.engine.workflow import Registry, StepDef, WorkflowDef
+from runstream.errors import InvalidInput, WorkflowNotFound
+from runstream.schemas.records import (
+    Cancel,
+    CompensationStarted,
+    DeadLetter,
+    Fact,
+    Query,
+    Reason,
+    RunCancelled,
+    RunCompleted,
+    RunDead,
+    RunFailed,
+    RunInfo,
+    RunParked,
+    RunRecovered,
+    RunStarted,
+    Signal,
+    SignalAwaited,
+    SignalBuffered,
+    SignalReceived,
+    SignalTimedOut,
+    StartRun,
+    StepCompleted,
+    StepFailed,
+    StepResult,
+    StepStarted,
+    TimerFired,
+    TimerScheduled,
+    continuation_of,
+)
+
+Activation = Callable[[str], AbstractContextManager[None]]
+
+OVERRAN = (
+    "workflow code ran past its time budget (Settings.activation_budget) and was "
+    "stopped: a loop or a blocking call in workflow code? Do I/O in steps"
+)
+
+
+class Rejected(Exception):
+    """A command the engine refuses: it goes to the dead-letter topic with ``code``."""
+
+    def __init__(self, code: Reason, reason: str) -> None:
+        super().__init__(reason)
+        self.code, self.reason = code, reason
+
+
+class Rules:
+    """The rules, parameterised by the workflows one App registered."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        limits: Limits,
+        journal_topic: str,
+        max_recovery_attempts: int = 3,
+        activation: Activation | None = None,
+    ) -> None:
+        self.registry = registry
+        self.journal_topic = journal_topic  # where a dead run's dead letter points
+        self.limits = limits
+        self.max_recovery_attempts = max_recovery_attempts
+        # Brackets each run of workflow code (the shell gives it a time budget).
+        self.activation: Activation = activation or (lambda _run: contextlib.nullcontext())
+
+    # -- commands ------------------------------------------------------------------
+    def start(self, b: Batch, st: RunState, cmd: StartRun) -> None:
+        """StartRun: idempotent by run id."""
+        if st.exists:
+            return
+        wf: WorkflowDef | None
+        try:
+            if cmd.version:
+                wf = self.registry.get(cmd.workflow, cmd.version)
+                if wf is None:
+                    self.registry.latest(cmd.workflow)  # the workflow must exist at all
+            else:
+                wf = self.registry.latest(cmd.workflow)
+            if wf is not None:
+                wf.parse_input(payload.loads(cmd.input))
+        except WorkflowNotFound as exc:
+            raise Rejected(Reason.UNKNOWN_WORKFLOW, str(exc)) from exc
+        except InvalidInput as exc:
+            raise Rejected(Reason.INVALID_INPUT, str(exc)) from exc
+        except ValueError as exc:  # not JSON
+            what = f"input of workflow {cmd.workflow!r} is not JSON"
+            raise Rejected(Reason.INVALID_INPUT, f"{what}: {exc}") from exc
+        version = cmd.version or (wf.version if wf else "")
+        self.emit(
+            b,
+            st,
+            RunStarted(
+                st.run_id,
+                b.now,
+                cmd.workflow,
+                version,
+                cmd.input,
+                cmd.parent_run_id,
+                dict(cmd.tags),
+            ),
+        )
+        self._advance(b, st)
+
+    def signal(self, b: Batch, st: RunState, cmd: Signal) -> None:
+        if not st.exists:
+            raise Rejected(Reason.UNKNOWN_RUN, f"signal {cmd.name!r} for unknown run {st.run_id!r}")
+        if st.terminal or cmd.signal_id in st.signal_ids:
+            return  # a finished run takes no signals; a redelivered signal counts once
+        waiting = [
+            s for s, f in st.pending.items() if isinstance(f, SignalAwaited) and f.name == cmd.name
+        ]
+        if waiting and st.status is not Status.PARKED and st.compensation is None:
+            self.emit(
+                b,
+                st,
+                SignalReceived(
+                    st.run_id, b.now, min(waiting), cmd.name, cmd.payload, cmd.signal_id
+                ),
+            )
+            self._advance(b, st)
+        else:
+            self.emit(b, st, SignalBuffered(st.run_id, b.now, cmd.name, cmd.payload, cmd.signal_id))
+
+    def cancel(self, b: Batch, st: RunState, cmd: Cancel) -> None:
+        """Cancel a run. With ``compensate``, the steps in flight are waited for first,
+        then every completed step's compensation runs, newest first."""
+        if not st.exists:
+            raise Rejected(Reason.UNKNOWN_RUN, f"cancel of unknown run {st.run_id!r}")
+        if st.terminal or st.compensation is not None:
+            return
+        reason = self.limits.clip(cmd.reason or "cancelled")
+        if cmd.compensate and (self._in_flight(st) or self._compensations(b, st)):
+            self.emit(b, st, CompensationStarted(st.run_id, b.now, reason, "", True))
+            self._compensate(b, st)
+        else:
+            self.emit(b, st, RunCancelled(st.run_id, b.now, reason))
+
+    def step_result(self, b: Batch, st: RunState, cmd: StepResult) -> None:
+        """A remote step's result: accepted only for the attempt the engine dispatched."""
+        started = st.pending.get(cmd.seq)
+        if not (
+            isinstance(started, StepStarted)
+            and started.attempt_id
+            and started.attempt_id == cmd.attempt_id
+            and started.attempt == cmd.attempt
+        ):
+            raise Rejected(
+                Reason.UNEXPECTED_RESULT,
+                f"no dispatched attempt {cmd.attempt_id!r} of step {cmd.seq} runs in run "
+                f"{st.run_id!r}: only the engine's own tasks may report results",
+            )
+        self.step_outcome(
+            b,
+            st,
+            StepOutcome(
+                b.partition_of(st.run_id),
+                st.run_id,
+                cmd.seq,
+                cmd.attempt,
+                cmd.ok,
+                cmd.output,
+                cmd.error,
+                cmd.traceback,
+            ),
+        )
+
+    def query(self, b: Batch, st: RunState, cmd: Query) -> None:
+        b.effects.replies.append((cmd.reply_to, self.run_info(st, cmd.request_id)))
+
+    def run_info(self, st: RunState, request_id: str) -> RunInfo:
+        """What a Query learns about a run; never larger than a record may be."""
+        found = st.exists or st.status is Status.REJECTED
+        size = len(st.input) * st.exists + len(st.output or b"")
+        too_large = self.limits.too_large("the run's input and output together", size)
+        if too_large:
+            return RunInfo(
+                request_id,
+                st.run_id,
+                found,
+                st.status,
+                st.workflow,
+                st.version,
+                steps=st.steps,
+                reply_error=too_large,
+            )
+        return RunInfo(
+            request_id,
+            st.run_id,
+            found,
+            st.status if found else "",
+            st.workflow,
+            st.version,
+            st.input if st.exists else None,
+            st.output,
+            st.error,
+            st.reason,
+            st.started_at_ms if st.exists else None,
+            st.ended_at_ms,
+            st.steps,
+            st.continued_as,
+            code=st.code,
+        )
+
+    # -- internal work ---------------------------------------------------------------
+    def step_outcome(self, b: Batch, st: RunState, o: StepOutcome) -> None:
+        """A step attempt ended. Stale outcomes (an older attempt, a finished run) are dropped."""
+        started = st.pending.get(o.seq)
+        if not isinstance(started, StepStarted) or started.attempt != o.attempt:
+            return
+        clip = self.limits.clip
+        too_large = self.limits.too_large("the step's output", len(o.output)) if o.ok else None
+        if o.ok and not too_large:
+            self.emit(
+                b,
+                st,
+                StepCompleted(
+                    st.run_id, b.now, o.seq, started.name, o.output, o.attempt, o.duration_ms
+                ),
+            )
+        else:
+            policy = self.registry.step_by_name(started.name).policy
+            # While compensating, a failed step is not retried (a compensation is).
+            retry = (
+                not too_large
+                and o.retryable
+                and o.attempt <= policy.retries
+                and (o.seq < 0 or st.compensation is None)
+            )
+            retry_at = b.now + int(policy.delay(o.attempt) * 1000) if retry else None
+            error = too_large or o.error or ""
+            self.emit(
+                b,
+                st,
+                StepFailed(
+                    st.run_id,
+                    b.now,
+                    o.seq,
+                    started.name,
+                    o.attempt,
+                    clip(error),
+                    clip(o.traceback or ""),
+                    retry_at,
+                ),
+            )
+            if retry:
+                return
+        self._advance(b, st)
+
+    def timer_due(self, b: Batch, st: RunState, seq: int) -> None:
+        """A due time of ``seq`` passed: fire the timer, retry the step, or time the wait out."""
+        fact = st.pending.get(seq)
+        if fact is None or st.status is Status.PARKED:
+            return
+        match fact:
+            case TimerScheduled(due_ms=due) if due <= b.now:
+                self.emit(b, st, TimerFired(st.run_id, b.now, seq))
+            case SignalAwaited(timeout_at_ms=int(due), name=name) if due <= b.now:
+                self.emit(b, st, SignalTimedOut(st.run_id, b.now, seq, name))
+            case StepFailed(retry_at_ms=int(due)) if due <= b.now:
+                pass  # _advance starts the next attempt
+            case _:
+                return
+        self._advance(b, st)
+
+    def recover(self, b: Batch, st: RunState) -> None:
+        """After a restore: steps started but never finished ran in a process that is gone.
+
+        They run again one at a time, alone in the process (``isolated``). A crash while a
+        step ran alone is the run's own doing and is charged to it; past
+        ``max_recovery_attempts`` the run is dead. A crash that took down a step running
+        beside others charges nobody, so a poison step never takes its co-runners along.
+        """
+        seqs = st.running_steps()
+        if not seqs or st.terminal:
+            return
+        if self.registry.get(st.workflow, st.version) is None:
+            self._advance(b, st)  # parks it; recovered once its code is back
+            return
+        charged = any(isinstance(f := st.pending[s], StepStarted) and f.isolated for s in seqs)
+        recoveries = st.recoveries + charged
+        if recoveries > self.max_recovery_attempts:
+            names = ", ".join(sorted({st.pending[s].name for s in seqs}))  # type: ignore[union-attr]
+            reason = (
+                f"step {names} was running alone when its engine process died, "
+                f"{recoveries} times; max_recovery_attempts={self.max_recovery_attempts}"
+            )
+            self.emit(b, st, RunDead(st.run_id, b.now, reason))
+            b.effects.dead_letters.append(
+                DeadLetter(
+                    f"run dead: {reason}",
+                    self.journal_topic,
+                    b.partition_of(st.run_id),
+                    -1,
+                    st.run_id.encode(),
+                    None,
+                    st.run_id,
+                    b.now,
+                    Reason.RUN_DEAD,
+                )
+            )
+            return
+        for seq in seqs:
+            started = st.pending[seq]
+            assert isinstance(started, StepStarted)
+            self.emit(b, st, RunRecovered(st.run_id, b.now, seq, recoveries))
+            self.emit(
+                b,
+                st,
+                StepStarted(
+                    st.run_id, b.now, seq, started.name, started.attempt + 1, isolated=True
+                ),
+            )
+        self._advance(b, st, relaunch=frozenset(seqs))
+
+    def resume(self, b: Batch, st: RunState) -> None:
+        """Try a parked run again (its version may be registered now, its code fixed)."""
+        if st.status is Status.PARKED:
+            self._advance(b, st)
+
+    # -- the core loop ---------------------------------------------------------------
+    def _advance(self, b: Batch, st: RunState, relaunch: frozenset[int] = frozenset()) -> None:
+        """Replay the workflow and record what it does next, until it waits or ends."""
+        while not st.terminal:
+            if st.compensation is not None:
+                self._compensate(b, st, relaunch)
+                return
+            wf = self.registry.get(st.workflow, st.version)
+            if wf is None:
+                self._park(
+                    b,
+                    st,
+                    f"workflow {st.workflow!r} version {st.version!r} is not "
+                    "registered on this instance",
+                )
+                return
+            if st.run_id in b.parked:
+                self._park(b, st, b.parked[st.run_id])
+                return
+            result = self._replay(wf, st, b.now)
+            for fact in result.new_facts:
+                self.emit(b, st, fact)
+            if not self._follow(b, st, result, relaunch):
+                return
+
+    def _replay(self, wf: WorkflowDef, st: RunState, now: int) -> Replay:
+        return replay(wf, st, self.registry, now, self.activation(st.run_id))
+
+    def _follow(self, b: Batch, st: RunState, result: Replay, relaunch: frozenset[int]) -> bool:
+        """Record the consequence of one replay; True when the workflow can go further now."""
+        run_id, now = st.run_id, b.now
+        match result.outcome:
+            case Completed(value):
+                output, problem = self._dumps("the run's output", value)
+                if problem:
+                    self.emit(b, st, RunFailed(run_id, now, problem, ""))
+                else:
+                    self.emit(b, st, RunCompleted(run_id, now, output))
+            case ContinuedAsNew(value):
+                data, problem = self._dumps("the continue-as-new input", value)
+                if problem:
+                    self.emit(b, st, RunFailed(run_id, now, problem, ""))
+                    return False
+                successor = continuation_of(run_id)
+                self.emit(b, st, RunCompleted(run_id, now, b"null", successor))
+                b.effects.commands.append(
+                    StartRun(
+                        successor,
+                        st.workflow,
+                        data,
+                        None,
+                        st.parent_run_id,
+                        dict(st.tags),
+                        now,
+                        continued_from=run_id,
+                    )
+                )
+            case Failed(error, tb):
+                error, tb = self.limits.clip(error), self.limits.clip(tb)
+                if result.compensations:
+                    self.emit(b, st, CompensationStarted(run_id, now, error, tb, False))
+                    return True  # _advance compensates
+                self.emit(b, st, RunFailed(run_id, now, error, tb))
+            case NonDeterministic(err):
+                self._park(b, st, f"non-determinism: {err}")
+            case Overran():
+                self._park(b, st, OVERRAN)
+            case Blocked(StepCall(seq, step, args)):
+                self._run_step(b, st, seq, step, args, relaunch)
+            case Blocked(SleepCall(seq, secs)):
+                if seq not in st.pending:
+                    self.emit(b, st, TimerScheduled(run_id, now, seq, now + int(secs * 1000)))
+            case Blocked(SignalWait(seq, name, timeout)):
+                if seq in st.pending:
+                    return False
+                buffered = next((s for s in st.signals if s.name == name), None)
+                if buffered is not None:
+                    self.emit(
+                        b,
+                        st,
+                        SignalReceived(
+                            run_id, now, seq, name, buffered.payload, buffered.signal_id
+                        ),
+                    )
+                    return True
+                timeout_at = None if timeout is None else now + int(timeout * 1000)
+                self.emit(b, st, SignalAwaited(run_id, now, seq, name, timeout_at))
+        return False
+
+    def _run_step(
+        self,
+        b: Batch,
+        st: RunState,
+        seq: int,
+        step: StepDef,
+        args: tuple[Any, ...],
+        relaunch: frozenset[int],
+    ) -> None:
+        fact = st.pending.get(seq)
+        p = b.partition_of(st.run_id)
+        match fact:
+            case None:
+                attempt = 1
+            case StepFailed(retry_at_ms=int(due), attempt=prev) if due <= b.now:
+                attempt = prev + 1
+            case StepStarted(attempt=running, isolated=isolated) if seq in relaunch:
+                b.effects.steps.append(StepJob(p, st.run_id, seq, running, step, args, isolated))
+                return
+            case _:
+                return  # running, or waiting for its retry time
+        self.emit(b, st, StepStarted(st.run_id, b.now, seq, step.name, attempt))
+        b.effects.steps.append(StepJob(p, st.run_id, seq, attempt, step, args))
+
+    def _compensate(self, b: Batch, st: RunState, relaunch: frozenset[int] = frozenset()) -> None:
+        """Wait for the steps in flight; then undo every completed step that registered a
+        compensation, newest first, one at a time: the undo of step ``s`` is step ``-s``.
+        Then end the run (cancelled or failed, with any compensation's failure)."""
+        if self._in_flight(st):
+            return
+        for c in sorted(self._compensations(b, st), key=lambda c: c.seq, reverse=True):
+            if -c.seq not in st.resolved:
+                self._run_step(b, st, -c.seq, c.step, c.args, relaunch)
+                return
+        failures = [
+            f"compensation {f.name!r} failed: {f.error}"
+            for s, f in sorted(st.resolved.items(), reverse=True)
+            if s < 0 and isinstance(f, StepFailed)
+        ]
+        c = st.compensation
+        assert c is not None
+        text = self.limits.clip("; ".join([c.error, *failures]))
+        if c.cancelled:
+            self.emit(b, st, RunCancelled(st.run_id, b.now, text))
+        else:
+            self.emit(b, st, RunFailed(st.run_id, b.now, text, c.traceback))
+
+    def _compensations(self, b: Batch, st: RunState) -> list[Any]:
+        wf = self.registry.get(st.workflow, st.version)
+        return self._replay(wf, st, b.now).compensations if wf else []
+
+    @staticmethod
+    def _in_flight(st: RunState) -> bool:
+        """A forward step (positive seq) is running."""
+        return any(s > 0 for s in st.running_steps())
+
+    def _park(self, b: Batch, st: RunState, reason: str) -> None:
+        reason = self.limits.clip(reason)
+        if not (st.status is Status.PARKED and st.reason == reason):
+            self.emit(b, st, RunParked(st.run_id, b.now, reason))
+
+    def _dumps(self, what: str, value: Any) -> tuple[bytes, str | None]:
+        """JSON bytes of a workflow's value, or why it cannot be recorded."""
+        try:
+            data = payload.dumps(value)
+        except Exception as exc:  # pydantic_core.PydanticSerializationError and friends
+            return b"", self.limits.clip(f"{what} is not JSON-serialisable: {exc}")
+        return data, self.limits.too_large(what, len(data))
+
+    @staticmethod
+    def emit(b: Batch, st: RunState, fact: Fact) -> None:
+        apply(st, fact)
+        b.effects.facts.append(fact)
+        ev = lifecycle.event(fact, st)
+        if ev is not None:
+            b.effects.lifecycle.append(ev)

@@ -1,0 +1,188 @@
+"""What the core is given (work) and what it gives back (effects), as plain data.
+
+The shell turns every consumed Kafka message into a `LogRecord` and every internal
+event (a step body finished, a timer is due, a partition was restored) into one of
+the small work items below. The core decides each one into a `Batch`: the facts, events,
+replies and dead letters of one transaction, and the step bodies to run after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from runstream.engine.state import RunState
+from runstream.engine.workflow import StepDef
+from runstream.schemas.records import DeadLetter, Fact, LifecycleEvent, RunInfo, StartRun
+
+# -- work ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """One consumed Kafka record, as the edge hands it over (never a raw Message)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    """What a step attempt returned or raised."""
+
+    partition: int
+    run_id: str
+    seq: int
+    attempt: int
+    ok: bool
+    output: bytes = b"null"
+    error: str | None = None
+    traceback: str | None = None
+    retryable: bool = True
+    duration_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TimerDue:
+    """A due time of the run's operation ``seq`` has passed."""
+
+    partition: int
+    run_id: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Recover:
+    """After a restore: the run had a step in flight in a process that is gone."""
+
+    partition: int
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """After a restore: try a parked run again (its code or version may be back)."""
+
+    partition: int
+    run_id: str
+
+
+Work = LogRecord | StepOutcome | TimerDue | Recover | Resume
+
+
+# -- effects ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StepJob:
+    """Run a step body once the transaction that records its StepStarted commits."""
+
+    partition: int
+    run_id: str
+    seq: int
+    attempt: int
+    step: StepDef
+    args: tuple[Any, ...]
+    isolated: bool = False  # a recovery: runs alone in the process (see engine.steps)
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """A command that arrived on a partition its key does not hash to, sent to its own."""
+
+    partition: int
+    key: bytes | None
+    value: bytes
+
+
+@dataclass(slots=True)
+class Effects:
+    """Everything a batch of decisions produced, in order."""
+
+    facts: list[Fact] = field(default_factory=list)
+    lifecycle: list[LifecycleEvent] = field(default_factory=list)
+    steps: list[StepJob] = field(default_factory=list)
+    commands: list[StartRun] = field(default_factory=list)  # to other runs
+    replies: list[tuple[str, RunInfo]] = field(default_factory=list)  # (reply_to, answer)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    forwards: list[Forward] = field(default_factory=list)
+
+    def _lists(self) -> tuple[list[Any], ...]:
+        return (
+            self.facts,
+            self.lifecycle,
+            self.steps,
+            self.commands,
+            self.replies,
+            self.dead_letters,
+            self.forwards,
+        )
+
+    def mark(self) -> tuple[int, ...]:
+        """Where the effects stand now, for `rollback`."""
+        return tuple(len(x) for x in self._lists())
+
+    def rollback(self, mark: tuple[int, ...]) -> None:
+        """Drop every effect added since ``mark``."""
+        for lst, n in zip(self._lists(), mark, strict=True):
+            del lst[n:]
+
+
+@dataclass(slots=True)
+class Working:
+    """A run's state before the batch (as committed) and its working copy."""
+
+    partition: int
+    before: RunState
+    after: RunState
+
+
+class Batch:
+    """The working copies, effects and consumed offsets of one transaction.
+
+    ``load(partition, run_id)`` gives a run's committed state (do not mutate it). If the
+    transaction aborts, the shell drops the batch and nothing of it remains.
+    """
+
+    def __init__(
+        self,
+        load: Callable[[int, str], RunState],
+        now: int,
+        parked: Mapping[str, str] | None = None,
+    ) -> None:
+        self.load = load
+        self.now = now
+        self.runs: dict[str, Working] = {}
+        self.effects = Effects()
+        self.consumed: dict[int, tuple[int, int]] = {}  # partition -> (first, last) offset
+        # Runs whose workflow code must not run in this batch, with why (engine.budget).
+        self.parked: Mapping[str, str] = parked or {}
+
+    def state(self, partition: int, run_id: str) -> RunState:
+        """The run's working copy in this batch."""
+        w = self.runs.get(run_id)
+        if w is None:
+            before = self.load(partition, run_id)
+            w = self.runs[run_id] = Working(partition, before, before.copy())
+        return w.after
+
+    def partition_of(self, run_id: str) -> int:
+        return self.runs[run_id].partition
+
+    def consume(self, record: LogRecord) -> None:
+        """Count ``record`` as consumed by this batch's transaction."""
+        first, _ = self.consumed.get(record.partition, (record.offset, record.offset))
+        self.consumed[record.partition] = (first, record.offset)
+
+    @property
+    def empty(self) -> bool:
+        fx = self.effects
+        return not (
+            self.consumed or fx.facts or fx.replies or fx.dead_letters or fx.forwards or fx.commands
+        )

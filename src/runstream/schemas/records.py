@@ -1,0 +1,473 @@
+"""Every record Runstream reads or writes, one frozen dataclass per Avro schema.
+
+The ``.avsc`` files next to this module are the public contract; each class here has
+the name of its schema and its fields in the same order (a test checks both). The
+codec turns these objects into single-object encoded Avro and back, so nothing past
+the Kafka edge handles raw dicts. Statuses, lifecycle types and dead-letter codes,
+which travel as strings, are declared here once.
+
+Records are immutable values. Collections inside them (``tags``) are never mutated.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import ClassVar
+
+
+class Status(StrEnum):
+    """Where a run is. Terminal runs never change again."""
+
+    RUNNING = "running"
+    COMPENSATING = "compensating"
+    PARKED = "parked"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    DEAD = "dead"
+    REJECTED = "rejected"  # a StartRun was refused; a later valid one may still start it
+
+
+TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.DEAD})
+
+
+class Kind(StrEnum):
+    """The ``type`` of a LifecycleEvent (README: "The lifecycle stream")."""
+
+    RUN_STARTED = "run.started"
+    RUN_SUSPENDED = "run.suspended"
+    RUN_COMPLETED = "run.completed"
+    RUN_FAILED = "run.failed"
+    RUN_CANCELLED = "run.cancelled"
+    RUN_DEAD = "run.dead"
+    RUN_REJECTED = "run.rejected"
+    STEP_STARTED = "step.started"
+    STEP_COMPLETED = "step.completed"
+    STEP_FAILED = "step.failed"
+
+
+class Reason(StrEnum):
+    """Why a record went to the dead-letter topic (``DeadLetter.code``)."""
+
+    UNDECODABLE = "undecodable"
+    NOT_A_COMMAND = "not-a-command"
+    BAD_RUN_ID = "bad-run-id"
+    OVERSIZE = "oversize"
+    UNKNOWN_WORKFLOW = "unknown-workflow"
+    INVALID_INPUT = "invalid-input"
+    UNKNOWN_RUN = "unknown-run"
+    UNEXPECTED_RESULT = "unexpected-step-result"
+    RUN_DEAD = "run-dead"
+    INTERNAL = "internal-error"
+
+
+#: A run id is 1 to this many bytes of UTF-8.
+MAX_RUN_ID_BYTES = 255
+# Continue-as-new names the next run "<id>~<n>": ids of that shape are reserved for it.
+_CONTINUATION = re.compile(r"~\d+\Z")
+
+
+def run_id_problem(
+    run_id: str, *, new: bool = False, continued_from: str | None = None
+) -> str | None:
+    """Why ``run_id`` cannot name a run, or None if it can.
+
+    A NUL would let one run's projection keys fall inside another's range, and a huge id
+    bloats every key of the run. A ``new`` run may not take an id ``<id>~<n>``, which
+    continue-as-new reserves, unless it is the continuation of ``continued_from``.
+    """
+    size = len(run_id.encode())
+    if not 0 < size <= MAX_RUN_ID_BYTES:
+        return f"a run id is 1 to {MAX_RUN_ID_BYTES} bytes of UTF-8, not {size}"
+    if "\x00" in run_id:
+        return "a run id may not contain NUL characters"
+    if (
+        new
+        and _CONTINUATION.search(run_id)
+        and (continued_from is None or continuation_of(continued_from) != run_id)
+    ):
+        return f"run id {run_id!r} ends in '~' and digits, which continue-as-new reserves"
+    return None
+
+
+def continuation_of(run_id: str) -> str:
+    """The id of the run that continues ``run_id`` (``order`` -> ``order~1`` -> ``order~2``)."""
+    base, n = run_id, 0
+    if m := _CONTINUATION.search(run_id):
+        base, n = run_id[: m.start()], int(m.group()[1:])
+    return f"{base}~{n + 1}"
+
+
+class Record:
+    """Base of every record type: ``AVRO`` is the short name of its schema."""
+
+    __slots__ = ()
+    AVRO: ClassVar[str]
+
+    def __init_subclass__(cls) -> None:
+        cls.AVRO = cls.__name__
+
+
+# -- commands: topic <ns>.commands, keyed by run id ------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StartRun(Record):
+    run_id: str
+    workflow: str
+    input: bytes
+    version: str | None = None
+    parent_run_id: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    sent_at_ms: int = 0
+    continued_from: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Signal(Record):
+    run_id: str
+    name: str
+    payload: bytes
+    signal_id: str
+    sent_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel(Record):
+    run_id: str
+    compensate: bool = False
+    reason: str = ""
+    sent_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult(Record):
+    run_id: str
+    seq: int
+    attempt: int
+    ok: bool
+    output: bytes
+    error: str | None = None
+    traceback: str | None = None
+    attempt_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Query(Record):
+    run_id: str
+    request_id: str
+    reply_to: str
+
+
+Command = StartRun | Signal | Cancel | StepResult | Query
+COMMANDS: tuple[type[Record], ...] = (StartRun, Signal, Cancel, StepResult, Query)
+
+
+# -- journal facts: topic <ns>.journal, keyed by run id ----------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RunStarted(Record):
+    run_id: str
+    at_ms: int
+    workflow: str
+    version: str
+    input: bytes
+    parent_run_id: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RunRejected(Record):
+    run_id: str
+    at_ms: int
+    workflow: str
+    code: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepStarted(Record):
+    run_id: str
+    at_ms: int
+    seq: int
+    name: str
+    attempt: int
+    attempt_id: str = ""
+    isolated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StepCompleted(Record):
+    run_id: str
+    at_ms: int
+    seq: int
+    name: str
+    output: bytes
+    attempt: int
+    duration_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepFailed(Record):
+    run_id: str
+    at_ms: int
+    seq: int
+    name: str
+    attempt: int
+    error: str
+    traceback: str
+    retry_at_ms: int | None = None  # None: final, the workflow sees the error
+
+
+@dataclass(frozen=True, slots=True)
+class TimerScheduled(Record):
+    run_id: str
+    at_ms: int
+    seq: int
+    due_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TimerFired(Record):
+    run_id: str
+    at_ms: int
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class SignalAwaited(Record):
+    run_id: str
+    at_ms: int
+    seq: int
+    name: str
+    timeout_at_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SignalBuffered(Record):
+    run_id: str
+    at_ms: int
+    name: str
+    payload: bytes
+    signal_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SignalReceived(Record):
+    run_id: str
+    at_ms: int
+    seq: int
+    name: str
+    payload: bytes
+    signal_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SignalTimedOut(Record):
+    run_id: str
+    at_ms: int
+    seq: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ValueRecorded(Record):
+    run_id: str
+    at_ms: int
+    seq: int
+    name: str
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecovered(Record):
+    run_id: str
+    at_ms: int
+    seq: int
+    recoveries: int  # recovery attempts charged to the run so far, this one included
+
+
+@dataclass(frozen=True, slots=True)
+class CompensationStarted(Record):
+    run_id: str
+    at_ms: int
+    error: str
+    traceback: str
+    cancelled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RunParked(Record):
+    run_id: str
+    at_ms: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunCompleted(Record):
+    run_id: str
+    at_ms: int
+    output: bytes
+    continued_as: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunFailed(Record):
+    run_id: str
+    at_ms: int
+    error: str
+    traceback: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunCancelled(Record):
+    run_id: str
+    at_ms: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunDead(Record):
+    run_id: str
+    at_ms: int
+    reason: str
+
+
+Fact = (
+    RunStarted
+    | RunRejected
+    | StepStarted
+    | StepCompleted
+    | StepFailed
+    | TimerScheduled
+    | TimerFired
+    | SignalAwaited
+    | SignalBuffered
+    | SignalReceived
+    | SignalTimedOut
+    | ValueRecorded
+    | RunRecovered
+    | CompensationStarted
+    | RunParked
+    | RunCompleted
+    | RunFailed
+    | RunCancelled
+    | RunDead
+)
+FACTS: tuple[type[Record], ...] = Fact.__args__
+END_FACTS = {
+    RunCompleted: Status.COMPLETED,
+    RunFailed: Status.FAILED,
+    RunCancelled: Status.CANCELLED,
+    RunDead: Status.DEAD,
+}
+
+# Facts that carry a sequence number: the operation of the workflow they belong to.
+SeqFact = (
+    StepStarted
+    | StepCompleted
+    | StepFailed
+    | TimerScheduled
+    | TimerFired
+    | SignalAwaited
+    | SignalReceived
+    | SignalTimedOut
+    | ValueRecorded
+)
+
+
+# -- other topics ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleEvent(Record):
+    """Topic <ns>.lifecycle, keyed by run id: the public stream of run and step events."""
+
+    type: str
+    run_id: str
+    at_ms: int
+    workflow: str = ""
+    version: str = ""
+    status: str = ""
+    seq: int | None = None
+    step: str | None = None
+    attempt: int | None = None
+    duration_ms: int | None = None
+    output: bytes | None = None
+    error: str | None = None
+    reason: str | None = None
+    continued_as: str | None = None
+    code: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter(Record):
+    """Topic <ns>.dlq, keyed by the original key: a poison record or a dead run."""
+
+    reason: str
+    source_topic: str
+    partition: int
+    offset: int
+    key: bytes | None = None
+    value: bytes | None = None
+    run_id: str | None = None
+    at_ms: int = 0
+    code: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo(Record):
+    """Topic <ns>.replies, keyed by the asking client's id: the answer to a Query."""
+
+    request_id: str
+    run_id: str
+    found: bool
+    status: str
+    workflow: str
+    version: str
+    input: bytes | None = None
+    output: bytes | None = None
+    error: str | None = None
+    reason: str | None = None
+    started_at_ms: int | None = None
+    ended_at_ms: int | None = None
+    steps: int = 0
+    continued_as: str | None = None
+    reply_error: str | None = None
+    code: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepTask(Record):
+    """Topic <ns>.tasks.<group>: a remote step invocation (declared for remote steps)."""
+
+    run_id: str
+    seq: int
+    attempt: int
+    name: str
+    args: bytes
+    deadline_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Event(Record):
+    """Topic <ns>.events: a named event (declared for named events)."""
+
+    name: str
+    payload: bytes
+    event_id: str
+
+
+_ALL: tuple[type[Record], ...] = (
+    *COMMANDS,
+    *FACTS,
+    LifecycleEvent,
+    DeadLetter,
+    RunInfo,
+    StepTask,
+    Event,
+)
+RECORDS: dict[str, type[Record]] = {cls.AVRO: cls for cls in _ALL}

@@ -1,0 +1,147 @@
+"""`Settings`: every knob of Runstream, read once at the edge.
+
+Each field can be set in code (``Settings(batch_size=200)``), by environment variable
+(``RUNSTREAM_BATCH_SIZE=200``; nested or dict fields as JSON, e.g.
+``RUNSTREAM_KAFKA='{"security.protocol": "SSL"}'``) and, for the engine, on the
+``runstream worker`` command line (``--batch-size 200``). The core never sees
+`Settings`: the worker and the client hand it plain values.
+
+Where Kafka is, first that is set: ``bootstrap_servers`` (``RUNSTREAM_BOOTSTRAP_SERVERS``),
+``KAFKA_BOOTSTRAP_SERVERS``, the broker ``runstream kafka up`` started, ``127.0.0.1:9092``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+
+
+class Settings(BaseSettings):
+    """Runstream's settings; the defaults suit most deployments."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RUNSTREAM_", env_nested_delimiter="__", extra="forbid", validate_assignment=True
+    )
+
+    # -- Kafka, for every client ---------------------------------------------------
+    bootstrap_servers: str | None = Field(None, description="Kafka bootstrap servers.")
+    kafka: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="Extra librdkafka settings for every client (TLS, SASL, ...).",
+    )
+    connect_timeout: float = Field(
+        10.0, gt=0, description="Seconds to wait for a broker before giving up (client, CLI)."
+    )
+    send_timeout: float = Field(
+        30.0, gt=0, description="Seconds a client keeps trying to deliver a command."
+    )
+
+    # -- an engine instance ----------------------------------------------------------
+    instance_id: str = Field(
+        "",
+        description="Stable id of this engine instance: names its transactional id, state "
+        "directory and static group membership. Never share one. Default: host and PID "
+        "(no static membership).",
+    )
+    state_dir: Path = Field(Path("./state"), description="Where the RocksDB projections live.")
+    partitions: int = Field(
+        12, ge=1, description="Partition count if this instance creates the namespace's topics."
+    )
+    create_topics: bool = Field(True, description="Create the namespace's topics if missing.")
+    batch_size: int = Field(500, ge=1, description="Commands consumed per transaction at most.")
+    step_concurrency: int = Field(16, ge=1, description="Local step bodies running at once.")
+    transaction_timeout_ms: int = Field(
+        10_000, ge=1000, description="How long a crashed instance can hold its partitions."
+    )
+    session_timeout_ms: int = Field(10_000, ge=6000, description="Consumer group session timeout.")
+    leave_on_stop: bool = Field(
+        False,
+        description="Hand the partitions over at once when the instance stops (no static "
+        "membership: use it for a stop that is final, e.g. scaling down). Default: a stopped "
+        "instance keeps its partitions for the session timeout, so a restart takes them "
+        "back without a rebalance.",
+    )
+    stop_timeout: float = Field(
+        10.0,
+        ge=0,
+        description="Seconds steps still running at a stop get to finish and be "
+        "recorded; a second SIGTERM/SIGINT stops at once.",
+    )
+    activation_budget: float = Field(
+        1.0,
+        gt=0,
+        description="Seconds one run of workflow code may take; past it the run is "
+        "parked with the reason.",
+    )
+    max_record_bytes: int | None = Field(
+        None,
+        gt=131072,
+        description="Largest Kafka record in bytes; default: the smallest "
+        "max.message.bytes of the namespace's topics and the producer.",
+    )
+    exit_on_hang: bool = Field(
+        True,
+        description="End the process when a Kafka call or workflow code hangs, so the "
+        "supervisor restarts it (turn off only for engines on a thread of a bigger program).",
+    )
+
+    def bootstrap(self) -> str:
+        """Where Kafka is (see the module docstring for the order)."""
+        return (
+            self.bootstrap_servers
+            or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+            or local_bootstrap()
+            or DEFAULT_BOOTSTRAP
+        )
+
+    def with_bootstrap(self, bootstrap: str | None) -> Settings:
+        """These settings, with ``bootstrap`` if it is given."""
+        return self.model_copy(update={"bootstrap_servers": bootstrap}) if bootstrap else self
+
+
+def cache_dir() -> Path:
+    """Cache for the Kafka jars and the local broker's files: outside any source tree."""
+    base = os.environ.get("RUNSTREAM_CACHE_DIR")
+    if base:
+        return Path(base)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "runstream"
+
+
+def local_broker_file() -> Path:
+    """Where `runstream kafka up` records the broker it started (runstream.dev.localkafka)."""
+    return cache_dir() / "local" / "state.json"
+
+
+def local_bootstrap() -> str | None:
+    """The bootstrap of the broker `runstream kafka up` started, if it still runs."""
+    try:
+        state: dict[str, Any] = json.loads(local_broker_file().read_text())
+    except (OSError, ValueError):
+        return None
+    alive = any(broker_alive(pid) for pid in state.get("pids", []))
+    return str(state["bootstrap"]) if alive else None
+
+
+def broker_alive(pid: int) -> bool:
+    """Process ``pid`` runs a Kafka broker (on Linux, a reused pid is not mistaken for one)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if cmdline.parent.exists():
+        try:
+            return b"kafka.Kafka" in cmdline.read_bytes()
+        except OSError:
+            return False
+    return True

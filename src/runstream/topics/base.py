@@ -1,0 +1,73 @@
+"""What an engine instance needs of its log, as a Protocol.
+
+`topics.kafka.KafkaLog` implements it over Kafka; the component tests drive the worker
+over an in-memory twin (``tests/component/memlog.py``). Nothing else implements it: the
+in-memory one is never a user-facing backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol
+
+from runstream.engine.limits import Limits
+from runstream.engine.work import LogRecord
+from runstream.errors import RunstreamError
+
+
+class TransactionAborted(RunstreamError):
+    """The transaction cannot commit (abortable): abort it, rewind, and redo the batch."""
+
+
+class Ownership(Protocol):
+    """Told which command partitions the instance gains and loses (inside `poll`)."""
+
+    def assigned(self, partitions: list[int]) -> None: ...
+
+    def revoked(self, partitions: list[int], lost: bool) -> None: ...
+
+
+class EngineLog(Protocol):
+    """Commands in, facts out, one transaction at a time.
+
+    Assigned partitions start paused; `resume` them once their projection caught up.
+    A transaction is `begin`, any number of `produce`, `send_offsets` (the next command
+    offset of every partition the transaction decides for), then `commit`, which returns
+    the journal's new end offset per partition written. `send_offsets` and `commit`
+    raise `TransactionAborted` when the batch must be redone after `abort`.
+    """
+
+    partitions: int
+    limits: Limits  # record sizes the topics and producers take
+
+    def start(self, owner: Ownership, stopping: Callable[[], bool]) -> bool:
+        """Join the group (after fencing older instances); False if stopped first."""
+        ...
+
+    def poll(self, timeout: float, limit: int) -> list[LogRecord]: ...
+
+    def pause(self, partitions: list[int]) -> None: ...
+
+    def resume(self, partitions: list[int]) -> None: ...
+
+    def seek(self, partition: int, offset: int) -> None: ...
+
+    def committed(self, partitions: list[int]) -> dict[int, int]: ...
+
+    def read_journal(
+        self, start: Mapping[int, int], stopping: Callable[[], bool]
+    ) -> Iterator[LogRecord]: ...
+
+    def begin(self) -> None: ...
+
+    def produce(
+        self, topic: str, partition: int | None, key: bytes | None, value: bytes
+    ) -> None: ...
+
+    def send_offsets(self, offsets: Mapping[int, int]) -> None: ...
+
+    def commit(self) -> dict[int, int]: ...
+
+    def abort(self) -> None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,521 @@
+"""The Kafka edge: every confluent-kafka client Runstream uses is made here.
+
+- `KafkaLog` is what an engine instance needs of Kafka (`topics.base.EngineLog`): the
+  commands it owns through the consumer group, each turned into a frozen `LogRecord`
+  at once; the journal, read back to its stable end on restore; and a transactional
+  writer with one method per thing the engine does, under the retry-and-watchdog policy.
+- `CommandSender` and `Listener` are the client's producer and reader.
+- `read_to_end` reads topics from the start to their (committed) end: audit and tools.
+
+Errors leave as Runstream's own: `KafkaUnavailable` when no broker answers,
+`TransactionAborted` when a transaction must be redone, `KafkaFatal` when the producer
+is unusable for good (fenced by a newer instance).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+
+from runstream.engine.limits import Limits
+from runstream.engine.work import LogRecord
+from runstream.errors import (
+    CommandNotDelivered,
+    KafkaFatal,
+    KafkaUnavailable,
+    PayloadTooLarge,
+    TopicError,
+)
+from runstream.settings import Settings
+from runstream.topics.admin import (
+    Config,
+    check_copartitioned,
+    client_config,
+    ensure_topics,
+    max_record_bytes,
+    wait_for_cluster,
+)
+from runstream.topics.base import Ownership, TransactionAborted
+from runstream.topics.logs import last_error
+from runstream.topics.spec import Topics
+from runstream.topics.watchdog import Watchdog
+
+log = logging.getLogger("runstream.kafka")
+
+_LEADER_MOVES = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+)
+
+
+def open_engine_log(
+    settings: Settings,
+    topics: Topics,
+    instance_id: str,
+    watchdog: Watchdog,
+    stopping: Callable[[], bool],
+    connect_timeout: float,
+) -> KafkaLog:
+    """An engine instance's log once a broker answers (KafkaUnavailable until then), with
+    the namespace's topics (created if missing and allowed) and its record size limits."""
+    s, ns = settings, topics.ns
+    config = client_config(s.bootstrap(), s.kafka)
+    wait_for_cluster(config, connect_timeout, stopping)
+    bootstrap = str(config["bootstrap.servers"])
+    try:
+        partitions = check_copartitioned(bootstrap, ns, kafka=s.kafka)
+    except TopicError:
+        if not s.create_topics:
+            raise
+        ensure_topics(bootstrap, ns, s.partitions, kafka=s.kafka)  # a new namespace
+        partitions = check_copartitioned(bootstrap, ns, kafka=s.kafka)
+    fixed = topics.fixed()
+    max_record = s.max_record_bytes or max_record_bytes(
+        config, [fixed[f] for f in ("commands", "journal", "lifecycle", "replies", "dlq")]
+    )
+    # Our producer must take what the topics take (librdkafka's default is 1,000,000).
+    config = {
+        **config,
+        "message.max.bytes": max(max_record + 1024, int(config.get("message.max.bytes", 0))),
+    }
+    static = bool(s.instance_id) and not s.leave_on_stop
+    return KafkaLog(
+        config,
+        topics,
+        partitions,
+        instance_id,
+        static=static,
+        transaction_timeout_ms=s.transaction_timeout_ms,
+        session_timeout_ms=s.session_timeout_ms,
+        watchdog=watchdog,
+        limits=Limits(max_record),
+    )
+
+
+def as_record(msg: Message) -> LogRecord:
+    """A consumed message as the frozen record the rest of Runstream sees."""
+    _, ts = msg.timestamp()
+    raw = msg.headers() or ()
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    headers = tuple((k, v.encode() if isinstance(v, str) else v or b"") for k, v in pairs)
+    return LogRecord(
+        msg.topic() or "",
+        msg.partition() or 0,
+        msg.offset() or 0,
+        msg.key(),
+        msg.value(),
+        headers,
+        ts,
+    )
+
+
+def consume_ready(consumer: Consumer, timeout: float, limit: int = 500) -> list[Message]:
+    """Wait up to ``timeout`` for one message, then take what else is already there.
+    (``consume(n, timeout)`` alone would wait the whole timeout for n messages.)"""
+    first = consumer.poll(timeout)
+    return [] if first is None else [first, *consumer.consume(limit - 1, 0)]
+
+
+class KafkaLog:
+    """An engine instance's view of Kafka (see `topics.base.EngineLog`).
+
+    Args:
+        config: `client_config` plus the user's extra librdkafka settings.
+        topics: the namespace's topic names.
+        partitions: the namespace's partition count.
+        instance_id: names the transactional id and the client ids.
+        static: join the group with static membership (a restart keeps the partitions;
+            a stop does not hand them over until the session times out).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        topics: Topics,
+        partitions: int,
+        instance_id: str,
+        *,
+        static: bool,
+        transaction_timeout_ms: int,
+        session_timeout_ms: int,
+        watchdog: Watchdog,
+        limits: Limits,
+    ) -> None:
+        self.topics, self.partitions, self.limits = topics, partitions, limits
+        self.watchdog = watchdog
+        ns = topics.ns
+        self._journal_ends: dict[int, int] = {}
+        self._producer = Producer(
+            {
+                **config,
+                "transactional.id": f"{ns}.engine.{instance_id}",
+                "transaction.timeout.ms": transaction_timeout_ms,
+                "linger.ms": 1,
+                # Right after a commit the coordinator answers CONCURRENT_TRANSACTIONS until its
+                # markers are written; the default 100 ms retry backoff then costs ~100 ms per
+                # transaction (measured), 5 ms costs ~3 ms.
+                "retry.backoff.ms": 5,
+                "partitioner": "murmur2_random",
+                "on_delivery": self._delivered,
+            }
+        )
+        self._consumer = Consumer(
+            {
+                **config,
+                **({"group.instance.id": instance_id} if static else {}),
+                "group.id": f"{ns}.engine",
+                "client.id": f"{ns}.engine.{instance_id}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+                "partition.assignment.strategy": "cooperative-sticky",
+                "session.timeout.ms": session_timeout_ms,
+                "fetch.wait.max.ms": 50,
+            }
+        )
+        self._restorer = Consumer(
+            {
+                **config,
+                "group.id": f"{ns}.restore",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                "fetch.wait.max.ms": 50,
+            }
+        )
+
+    def start(self, owner: Ownership, stopping: Callable[[], bool]) -> bool:
+        """Fence older instances with our transactional id, then join the group.
+        False if a stop was requested meanwhile."""
+        deadline = time.monotonic() + 60
+        while not stopping():
+            try:
+                self._producer.init_transactions(1)  # short steps: stay stoppable
+                break
+            except KafkaException as exc:
+                err = exc.args[0]
+                if not err.retriable() or time.monotonic() > deadline:
+                    raise KafkaFatal(f"cannot initialise transactions: {err}") from exc
+        else:
+            return False
+        self._consumer.subscribe(
+            [self.topics.commands],
+            on_assign=lambda c, tps: self._assigned(owner, tps),
+            on_revoke=lambda c, tps: owner.revoked([tp.partition for tp in tps], lost=False),
+            on_lost=lambda c, tps: owner.revoked([tp.partition for tp in tps], lost=True),
+        )
+        return True
+
+    def _assigned(self, owner: Ownership, tps: list[TopicPartition]) -> None:
+        self._consumer.incremental_assign(tps)
+        self._consumer.pause(tps)  # no commands until the projection has caught up
+        owner.assigned([tp.partition for tp in tps])
+
+    # -- consuming -------------------------------------------------------------------
+    def poll(self, timeout: float, limit: int) -> list[LogRecord]:
+        records = []
+        for msg in consume_ready(self._consumer, timeout, limit):
+            err = msg.error()
+            if err is None:
+                records.append(as_record(msg))
+            elif err.fatal():
+                raise KafkaFatal(f"consumer: {err}")
+            else:
+                log.warning("consume error: %s", err)
+        return records
+
+    def _tps(self, partitions: Iterable[int]) -> list[TopicPartition]:
+        return [TopicPartition(self.topics.commands, p) for p in partitions]
+
+    def pause(self, partitions: Iterable[int]) -> None:
+        self._consumer.pause(self._tps(partitions))
+
+    def resume(self, partitions: Iterable[int]) -> None:
+        self._consumer.resume(self._tps(partitions))
+
+    def seek(self, partition: int, offset: int) -> None:
+        self._consumer.seek(TopicPartition(self.topics.commands, partition, offset))
+
+    def committed(self, partitions: Iterable[int]) -> dict[int, int]:
+        """The next command offset of each partition (its first offset if none)."""
+        # Waits while another instance's transaction holds offsets of these partitions
+        # (KIP-447): only then is the journal's end final.
+        with self.watchdog.watch("committed", 75):
+            tps = self._consumer.committed(self._tps(partitions), timeout=60)
+        out = {}
+        for tp in tps:
+            offset = tp.offset
+            if offset < 0:  # nothing committed yet: the partition's first offset
+                offset = self._consumer.get_watermark_offsets(tp, timeout=30)[0]
+            out[tp.partition] = offset
+        return out
+
+    def read_journal(
+        self, start: Mapping[int, int], stopping: Callable[[], bool]
+    ) -> Iterator[LogRecord]:
+        """The journal partitions from ``start`` to their stable end (read_committed)."""
+        journal = self.topics.journal
+        self._restorer.assign([TopicPartition(journal, p, o) for p, o in start.items()])
+        try:
+            open_partitions = set(start)
+            while open_partitions and not stopping():
+                for msg in consume_ready(self._restorer, 0.5, 2000):
+                    err = msg.error()
+                    if err is None:
+                        yield as_record(msg)
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        open_partitions.discard(msg.partition() or 0)
+                    else:
+                        raise KafkaFatal(f"reading {journal}: {err}")
+        finally:
+            self._restorer.unassign()
+
+    # -- the transactional writer ------------------------------------------------------
+    def begin(self) -> None:
+        self._journal_ends.clear()
+        self._txn("begin_transaction", self._producer.begin_transaction)
+
+    def produce(self, topic: str, partition: int | None, key: bytes | None, value: bytes) -> None:
+        kwargs: dict[str, Any] = {"key": key, "value": value}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                self._producer.produce(topic, **kwargs)
+                return
+            except BufferError:  # the local queue is full: let librdkafka send some
+                self._producer.poll(0.05)
+            except KafkaException as exc:
+                raise self._error("produce", exc.args[0]) from exc
+
+    def send_offsets(self, offsets: Mapping[int, int]) -> None:
+        """Commit these next command offsets with the transaction (KIP-447 fencing)."""
+        tps = [TopicPartition(self.topics.commands, p, o) for p, o in offsets.items()]
+        metadata = self._consumer.consumer_group_metadata()
+        self._txn(
+            "send_offsets_to_transaction",
+            lambda: self._producer.send_offsets_to_transaction(tps, metadata, 30),
+        )
+
+    def commit(self) -> dict[int, int]:
+        """Commit; the journal's end offset per partition written."""
+        self._txn("commit_transaction", lambda: self._producer.commit_transaction(30))
+        return dict(self._journal_ends)
+
+    def abort(self) -> None:
+        self._txn("abort_transaction", lambda: self._producer.abort_transaction(30))
+
+    def _txn(self, what: str, call: Callable[[], object], limit: float = 45.0) -> None:
+        """Call a transactional API, again while librdkafka says the error is retriable.
+        Past ``limit`` seconds the watchdog ends the process."""
+        with self.watchdog.watch(what, limit):
+            while True:
+                try:
+                    call()
+                    return
+                except KafkaException as exc:
+                    err = exc.args[0]
+                    if not err.retriable():
+                        raise self._error(what, err) from exc
+                    log.warning("%s: %s; retrying", what, err)
+                    time.sleep(0.1)
+
+    @staticmethod
+    def _error(what: str, err: KafkaError) -> Exception:
+        if err.txn_requires_abort():
+            return TransactionAborted(f"{what}: {err}")
+        return KafkaFatal(f"{what}: {err}")
+
+    def _delivered(self, err: KafkaError | None, msg: Message) -> None:
+        # A failed delivery needs nothing here: commit_transaction then fails as abortable.
+        if err is None and msg.topic() == self.topics.journal:
+            p, end = msg.partition() or 0, (msg.offset() or 0) + 1
+            if end > self._journal_ends.get(p, 0):
+                self._journal_ends[p] = end
+
+    def close(self) -> None:
+        """Leave (a dynamic member) and release every client. Never raises: it runs on the
+        way out, often because of the error that is the real news (a fenced producer)."""
+        for what, close in (("consumer", self._consumer.close), ("restorer", self._restorer.close),
+                            ("producer", lambda: self._producer.flush(1))):  # fmt: skip
+            try:
+                close()  # the consumer's on_revoke releases the projections
+            except KafkaException as exc:
+                log.debug("closing the %s: %s", what, exc.args[0])
+
+
+class CommandSender:
+    """The client's producer of commands (idempotent, Kafka's partitioner)."""
+
+    def __init__(self, config: Config, send_timeout: float) -> None:
+        self.bootstrap = str(config["bootstrap.servers"])
+        self._producer = Producer(
+            {
+                **config,
+                "enable.idempotence": True,
+                "linger.ms": 0,
+                "partitioner": "murmur2_random",
+                "message.timeout.ms": int(send_timeout * 1000),
+            }
+        )
+        self._undelivered: list[str] = []
+
+    def partitions(self, topic: str, timeout: float) -> int | None:
+        """``topic``'s partition count, None if it does not exist. KafkaUnavailable if no
+        broker answers within ``timeout``."""
+        try:
+            md = self._producer.list_topics(topic, timeout=timeout).topics.get(topic)
+        except KafkaException as exc:
+            self._producer.poll(0)  # serve librdkafka's log lines
+            raise KafkaUnavailable(
+                self.bootstrap,
+                f"no broker answered within {timeout:g}s",
+                last_error() or str(exc.args[0]),
+            ) from None
+        if md is None or md.error is not None or not md.partitions:
+            return None
+        return len(md.partitions)
+
+    def send(self, topic: str, partition: int, key: bytes, value: bytes, what: str) -> None:
+        def delivered(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                self._undelivered.append(f"{what}: {err.str()}")
+
+        try:
+            self._producer.produce(topic, value, key, partition=partition, on_delivery=delivered)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                raise PayloadTooLarge(
+                    f"{what} is {len(value):,} bytes, more than Kafka takes (message.max.bytes)"
+                ) from None
+            raise CommandNotDelivered(f"{what}: {err.str()}") from None
+        except BufferError:
+            self._producer.poll(1)
+            self._producer.produce(topic, value, key, partition=partition, on_delivery=delivered)
+        self._producer.poll(0)
+
+    def flush(self, timeout: float) -> None:
+        """Wait until Kafka took every command; raise CommandNotDelivered for any it refused."""
+        if self._producer.flush(timeout) > 0:
+            raise CommandNotDelivered(
+                f"Kafka at {self.bootstrap} did not acknowledge the "
+                f"commands within {timeout:g}s (still retrying)"
+            )
+        if self._undelivered:
+            lost, self._undelivered = self._undelivered, []
+            raise CommandNotDelivered(f"Kafka did not take {len(lost)} command(s): {lost[:5]}")
+
+    def close(self, timeout: float) -> None:
+        try:
+            self.flush(timeout)
+        finally:
+            self._producer.purge()  # nothing may be sent after close
+
+
+class Listener:
+    """A reader of given topic partitions from fixed offsets (the client's answers)."""
+
+    def __init__(self, config: Config, group_id: str) -> None:
+        self._consumer = Consumer(
+            {
+                **config,
+                "group.id": group_id,
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "fetch.wait.max.ms": 5,
+            }
+        )
+
+    def end_offset(self, topic: str, partition: int) -> int:
+        """The partition's end now: reading from there misses nothing produced later.
+        (Right after the topic was created its leader may not be known for a moment.)"""
+        tp = TopicPartition(topic, partition)
+        for _ in range(20):
+            try:
+                return int(self._consumer.get_watermark_offsets(tp, 10)[1])
+            except KafkaException as exc:
+                if not exc.args[0].retriable() and exc.args[0].code() not in _LEADER_MOVES:
+                    raise KafkaFatal(f"reading the end of {topic}: {exc.args[0]}") from None
+                time.sleep(0.1)
+        return OFFSET_END
+
+    def add(self, topic: str, partition: int, offset: int) -> None:
+        self._consumer.incremental_assign([TopicPartition(topic, partition, offset)])
+
+    def poll(self, timeout: float) -> list[LogRecord]:
+        return [as_record(m) for m in consume_ready(self._consumer, timeout) if m.error() is None]
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def read_to_end(
+    config: Config, topic: str, *, idle_timeout: float = 30.0, batch: int = 10_000
+) -> Iterator[list[LogRecord]]:
+    """Every committed record of ``topic`` from its start to its end, in batches.
+
+    Raises:
+        KafkaUnavailable: no broker answers.
+        LookupError: the topic does not exist.
+        TimeoutError: no record and no end of partition for ``idle_timeout`` seconds.
+    """
+    consumer = Consumer(
+        {
+            **config,
+            "group.id": f"runstream.reader.{time.time_ns()}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 100,
+            "fetch.max.bytes": 64 * 1024 * 1024,
+            "max.partition.fetch.bytes": 8 * 1024 * 1024,
+        }
+    )
+    try:
+        try:
+            md = consumer.list_topics(topic, timeout=30).topics.get(topic)
+        except KafkaException as exc:
+            raise KafkaUnavailable(
+                str(config["bootstrap.servers"]), "listing topics", last_error() or str(exc.args[0])
+            ) from None
+        if md is None or md.error is not None or not md.partitions:
+            raise LookupError(f"topic {topic!r} does not exist")
+        parts = sorted(md.partitions)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        at_end: set[int] = set()
+        idle_since = time.monotonic()
+        while len(at_end) < len(parts):
+            msgs = consumer.consume(batch, 0.5)
+            if not msgs:
+                if time.monotonic() - idle_since > idle_timeout:
+                    raise TimeoutError(f"no record nor end of {topic} for {idle_timeout:g}s")
+                continue
+            idle_since = time.monotonic()
+            out = []
+            for msg in msgs:
+                err = msg.error()
+                if err is None:
+                    out.append(as_record(msg))
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    at_end.add(msg.partition() or 0)
+                else:
+                    raise KafkaFatal(f"reading {topic}: {err}")
+            if out:
+                yield out
+    finally:
+        consumer.close()

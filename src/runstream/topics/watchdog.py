@@ -1,0 +1,86 @@
+"""Ends the process when a Kafka call blocks for too long.
+
+librdkafka can block in a transactional call forever when the group or transaction
+coordinator dies at the wrong moment (librdkafka issues 5456 and 5511). Nothing can
+cancel the call, and a hung instance sits on its partitions. Exiting is safe: nothing
+uncommitted counts, and the supervisor of `runstream worker` starts the instance again,
+which aborts the open transaction. A stop request (SIGTERM) shortens every deadline to
+`STOP_GRACE` seconds, so a stop never waits on a broker that is gone.
+
+Exit statuses (documented in the README):
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+log = logging.getLogger("runstream.worker")
+
+#: The instance ended itself so that it restarts: a Kafka call or workflow code hung.
+EXIT_HUNG = 75
+#: Stopped on request, but a Kafka call in progress had to be abandoned (nothing is lost).
+EXIT_ABANDONED = 76
+#: After a stop request, how long a blocked Kafka call may still take.
+STOP_GRACE = 1.5
+
+__doc__ += f"""
+- 0: stopped on request, everything in hand recorded;
+- {EXIT_HUNG}: ended itself so that it restarts (a Kafka call hung, or workflow code
+  blocked in a call that cannot be interrupted);
+- {EXIT_ABANDONED}: stopped on request while a Kafka call was blocked; the call was
+  abandoned (its transaction is aborted by Kafka; nothing committed is lost).
+"""
+
+
+class Watchdog:
+    """Watches the Kafka call under way (one at a time: the loop's thread makes them)."""
+
+    def __init__(self, exit_on_hang: bool = True) -> None:
+        self.exit_on_hang = exit_on_hang
+        self._blocked: tuple[str, float] | None = None  # what, deadline
+        self._stop_deadline: float | None = None
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def watch(self, what: str, limit: float) -> Iterator[None]:
+        """Bracket a blocking Kafka call that must return within ``limit`` seconds."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
+            self._thread.start()
+        self._blocked = (what, time.monotonic() + limit)
+        try:
+            yield
+        finally:
+            self._blocked = None
+
+    def stop_requested(self) -> None:
+        """From now on, a blocked call gets `STOP_GRACE` seconds at most."""
+        if self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + STOP_GRACE
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(0.1)
+            blocked, now = self._blocked, time.monotonic()
+            if blocked is None:
+                continue
+            what, deadline = blocked
+            stop = self._stop_deadline
+            if stop is not None and now > stop:
+                self._exit(EXIT_ABANDONED, f"stopping: abandoned {what}, which did not return")
+            elif now > deadline:
+                self._exit(EXIT_HUNG, f"{what} did not return; exiting so this instance restarts")
+
+    def _exit(self, code: int, message: str) -> None:
+        if not self.exit_on_hang:  # an engine on a thread of a bigger program: only say it
+            log.critical("%s (not exiting: exit_on_hang is off)", message)
+            self._blocked = None
+            return
+        log.critical(message)
+        logging.shutdown()
+        os._exit(code)

@@ -1,0 +1,227 @@
+"""The worker's own logic over the in-memory log: abort and redo, undo of a failed
+decision, forwarding, revocation mid-batch, one timer entry per timer.
+
+Real RocksDB (in tmp_path), real threads for step bodies, the real core; only Kafka is
+the in-memory twin (`memlog`). What Kafka itself does is tested in ``tests/kafka``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import runstream
+from runstream.audit import check_run
+from runstream.engine import payload
+from runstream.engine.partitioner import partition_for
+from runstream.engine.rules import Rules
+from runstream.schemas.codec import Codec
+from runstream.schemas.records import Record, Signal, StartRun
+
+from .memlog import Cluster, MemoryLog
+
+CODEC = Codec.default()
+
+
+def make_app(ns: str, bodies: Counter[str], gate: threading.Event | None = None) -> runstream.App:
+    app = runstream.App(ns)
+
+    @app.step
+    def add_one(x: int) -> int:
+        bodies[f"add_one {x}"] += 1
+        return x + 1
+
+    @app.step
+    def slow(x: int) -> int:
+        bodies[f"slow {x}"] += 1
+        assert gate is not None and gate.wait(10)
+        return x
+
+    @app.workflow
+    async def three(ctx: runstream.Context, x: int) -> int:
+        for _ in range(3):
+            x = await ctx.step(add_one, x)
+        return x
+
+    @app.workflow
+    async def gated(ctx: runstream.Context, x: int) -> int:
+        return await ctx.step(slow, x)
+
+    @app.workflow
+    async def nap(ctx: runstream.Context) -> str:
+        await ctx.sleep(3600)
+        return "rested"
+
+    return app
+
+
+class Rig:
+    """One worker over the shared in-memory cluster, driven one loop turn at a time."""
+
+    def __init__(self, app: runstream.App, cluster: Cluster, tmp: Path, name: str = "w1") -> None:
+        self.cluster, self.log = cluster, MemoryLog(cluster, app.namespace)
+        settings = runstream.Settings(instance_id=name, state_dir=tmp, exit_on_hang=False)
+        self.worker = runstream.Worker(app, settings, log=self.log)
+        assert self.worker._connect() is self.log
+
+    def turn(self) -> None:
+        w = self.worker
+        w._restore_assigned(self.log)
+        w._process(self.log, w._poll(self.log))
+
+    def until(self, done: Callable[[], bool], turns: int = 500) -> None:
+        for _ in range(turns):
+            self.turn()
+            if done():
+                return
+            time.sleep(0.002)
+        raise AssertionError("not done")
+
+    def close(self) -> None:
+        self.worker._close()
+
+
+def send(cluster: Cluster, ns: str, cmd: Record, partition: int | None = None) -> None:
+    key = cmd.run_id.encode()  # type: ignore[attr-defined]
+    home = partition_for(key, cluster.partitions)
+    cluster.append(
+        f"{ns}.commands", home if partition is None else partition, key, CODEC.encode(cmd)
+    )
+
+
+def start(cluster: Cluster, ns: str, run_id: str, workflow: str, value: Any = None) -> None:
+    send(cluster, ns, StartRun(run_id, workflow, payload.dumps(value)))
+
+
+def facts(cluster: Cluster, ns: str, run_id: str | None = None) -> list[Any]:
+    out = [CODEC.decode(v) for _, _, _, v in cluster.all(f"{ns}.journal")]
+    return [f for f in out if run_id is None or f.run_id == run_id]
+
+
+def ended(cluster: Cluster, ns: str) -> dict[str, Any]:
+    """run id -> its output, for every completed run."""
+    return {
+        f.run_id: payload.loads(f.output)
+        for f in facts(cluster, ns)
+        if type(f).__name__ == "RunCompleted"
+    }
+
+
+def dead_letters(cluster: Cluster, ns: str) -> list[Any]:
+    return [CODEC.decode(v) for _, _, _, v in cluster.all(f"{ns}.dlq")]
+
+
+@pytest.fixture
+def ns() -> str:
+    return "mem"
+
+
+def test_an_aborted_transaction_is_redone_without_loss_or_double_steps(tmp_path, ns):
+    cluster, bodies = Cluster(), Counter[str]()
+    rig = Rig(make_app(ns, bodies), cluster, tmp_path)
+    rig.log.assign([0, 1, 2, 3])
+    for i in range(10):
+        start(cluster, ns, f"r{i}", "three", i * 10)
+    rig.log.fail_commits = 1  # the batch of starts
+    rig.turn()
+    rig.turn()
+    assert rig.log.aborts == 1 and not facts(cluster, ns)  # nothing of it is visible
+    rig.log.fail_commits = 1  # a batch that records step outcomes
+    rig.until(lambda: len(ended(cluster, ns)) == 10)
+    assert rig.log.aborts == 2
+    assert ended(cluster, ns) == {f"r{i}": i * 10 + 3 for i in range(10)}
+    assert set(bodies.values()) == {1} and len(bodies) == 30  # no body ran twice
+    for i in range(10):
+        assert check_run(facts(cluster, ns, f"r{i}"), expect_finished=True) == []
+    rig.close()
+
+
+def test_a_failed_decision_is_undone_and_dead_lettered_while_its_batch_commits(
+    tmp_path, ns, monkeypatch
+):
+    cluster, bodies = Cluster(), Counter[str]()
+    rig = Rig(make_app(ns, bodies), cluster, tmp_path)
+    rig.log.assign([0, 1, 2, 3])
+    rig.turn()
+    for run_id in ("ok1", "bad", "ok2"):
+        start(cluster, ns, run_id, "nap")
+    rig.until(lambda: {"ok1", "bad", "ok2"} <= {f.run_id for f in facts(cluster, ns)})
+    signal_rule = Rules.signal
+
+    def buggy(self: Rules, b: Any, st: Any, cmd: Signal) -> None:
+        signal_rule(self, b, st, cmd)  # records SignalBuffered, then fails
+        if st.run_id == "bad":
+            raise RuntimeError("a bug in a rule")
+
+    monkeypatch.setattr(Rules, "signal", buggy)
+    for run_id in ("ok1", "bad", "ok2"):
+        send(cluster, ns, Signal(run_id, "hello", b"1", f"s-{run_id}"))
+    rig.until(lambda: len(dead_letters(cluster, ns)) == 1)
+    (letter,) = dead_letters(cluster, ns)
+    assert (letter.code, letter.run_id) == ("internal-error", "bad")
+    assert "a bug in a rule" in letter.reason and letter.source_topic == f"{ns}.commands"
+    buffered = [f.run_id for f in facts(cluster, ns) if type(f).__name__ == "SignalBuffered"]
+    assert sorted(buffered) == ["ok1", "ok2"]  # the bad decision left nothing behind
+    rig.close()
+
+
+def test_a_command_on_the_wrong_partition_is_forwarded_to_its_own(tmp_path, ns):
+    cluster, bodies = Cluster(), Counter[str]()
+    rig = Rig(make_app(ns, bodies), cluster, tmp_path)
+    rig.log.assign([0, 1, 2, 3])
+    home = partition_for(b"lost", cluster.partitions)
+    wrong = (home + 1) % cluster.partitions
+    send(cluster, ns, StartRun("lost", "three", b"1"), partition=wrong)
+    rig.until(lambda: "lost" in ended(cluster, ns))
+    assert ended(cluster, ns)["lost"] == 4
+    commands = cluster.all(f"{ns}.commands")
+    assert sorted(p for p, _, k, _ in commands if k == b"lost") == sorted([wrong, home])  # once
+    assert {p for p, _, k, _ in cluster.all(f"{ns}.journal") if k == b"lost"} == {home}
+    assert cluster.committed[wrong] == 1  # the misplaced one is consumed, not read again
+    rig.close()
+
+
+def test_a_partition_revoked_with_a_step_in_flight_is_recovered_by_its_next_owner(tmp_path, ns):
+    cluster, bodies, gate = Cluster(), Counter[str](), threading.Event()
+    app = make_app(ns, bodies, gate)
+    w1 = Rig(app, cluster, tmp_path, "w1")
+    w1.log.assign([0, 1, 2, 3])
+    start(cluster, ns, "g", "gated", 7)
+    w1.until(lambda: bodies["slow 7"] == 1)  # its step body runs on w1
+    p = partition_for(b"g", cluster.partitions)
+    w1.log.revoke([p])
+    w1.turn()  # revoked inside poll, mid-flight
+    w2 = Rig(app, cluster, tmp_path, "w2")
+    w2.log.assign([p])
+    gate.set()  # w1's body returns now: its outcome must not be recorded by w1
+    w2.until(lambda: "g" in ended(cluster, ns))
+    for _ in range(5):
+        w1.turn()
+    assert ended(cluster, ns) == {"g": 7}
+    run = facts(cluster, ns, "g")
+    assert [type(f).__name__ for f in run].count("StepCompleted") == 1
+    assert any(type(f).__name__ == "RunRecovered" for f in run)  # w2 ran it again
+    assert check_run(run, expect_finished=True) == []
+    assert w1.worker.stats["aborted"] == 0
+    w1.close()
+    w2.close()
+
+
+def test_a_sleeping_run_has_one_timer_entry_however_often_it_is_touched(tmp_path, ns):
+    cluster, bodies = Cluster(), Counter[str]()
+    rig = Rig(make_app(ns, bodies), cluster, tmp_path)
+    rig.log.assign([0, 1, 2, 3])
+    start(cluster, ns, "sleeper", "nap")
+    rig.until(lambda: len(rig.worker._timers) == 1)
+    for i in range(20):  # each signal commits a fact of the run, its timer unchanged
+        send(cluster, ns, Signal("sleeper", "poke", b"1", f"s{i}"))
+        rig.turn()
+    assert len(facts(cluster, ns, "sleeper")) == 22
+    assert len(rig.worker._timers) == 1 and len(rig.worker._timers._heap) == 1
+    rig.close()
