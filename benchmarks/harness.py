@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 import json
 import math
 import os
@@ -171,60 +170,50 @@ def _jsonable(value: Any) -> Any:
 
 
 def engine_settings(bootstrap: str, ns: str) -> dict[str, Any]:
-    """The engine's settings as its own code builds them: WorkerSettings defaults, and the
-    librdkafka configs Worker._connect passes to its producer and consumers (captured by
-    swapping the classes for recorders, so nothing is duplicated here). Needs the
-    namespace's topics to exist. Also the Client's producer config."""
+    """The engine's settings as its own code builds them: the Settings defaults, and the
+    librdkafka configs the Kafka edge gives the engine's producer and consumers and the
+    client's producer (recorded as they are made, so nothing is duplicated here). Needs
+    the namespace's topics to exist."""
     from unittest import mock
 
-    import runstream.client as client_mod
-    import runstream.worker as worker_mod
+    import runstream.topics.kafka as edge
+    from runstream.topics.spec import Topics
+    from runstream.topics.watchdog import Watchdog
 
-    captured: dict[str, Any] = {"consumers": []}
-
-    class FakeProducer:
-        def __init__(self, conf: dict[str, Any]) -> None:
-            captured["producer"] = dict(conf)
-
-        def init_transactions(self, *_: Any) -> None:
-            pass
-
-    class FakeConsumer:
-        def __init__(self, conf: dict[str, Any]) -> None:
-            captured["consumers"].append(dict(conf))
-
-        def subscribe(self, *_: Any, **__: Any) -> None:
-            pass
-
-    defaults = runstream.WorkerSettings()
-    worker = runstream.Worker(
-        runstream.App(ns, bootstrap),
-        dataclasses.replace(defaults, instance_id="bench-1", create_topics=False),
-    )
-    try:
-        with (
-            mock.patch.object(worker_mod, "Producer", FakeProducer),
-            mock.patch.object(worker_mod, "Consumer", FakeConsumer),
-        ):
-            worker._connect()
-    finally:
-        worker._executor.shutdown(wait=False)
+    producers: list[dict[str, Any]] = []
+    consumers: list[dict[str, Any]] = []
 
     class RecordingProducer(Producer):
         def __init__(self, conf: dict[str, Any]) -> None:
-            captured["client_producer"] = dict(conf)
+            producers.append(dict(conf))
             super().__init__(conf)
 
-    with mock.patch.object(client_mod, "Producer", RecordingProducer):
-        runstream.Client(ns, bootstrap).close()
+    class RecordingConsumer(Consumer):
+        def __init__(self, conf: dict[str, Any]) -> None:
+            consumers.append(dict(conf))
+            super().__init__(conf)
 
-    consumers = {c.get("group.id", "?").removeprefix(f"{ns}."): c for c in captured["consumers"]}
+    defaults = runstream.Settings()
+    settings = defaults.model_copy(
+        update={"instance_id": "bench-1", "create_topics": False, "bootstrap_servers": bootstrap}
+    )
+    with (
+        mock.patch.object(edge, "Producer", RecordingProducer),
+        mock.patch.object(edge, "Consumer", RecordingConsumer),
+    ):
+        log = edge.open_engine_log(settings, Topics(ns), "bench-1", Watchdog(False),
+                                   lambda: False, connect_timeout=10)  # fmt: skip
+        log.close()
+        runstream.Client(ns, bootstrap).close()
+    engine = next(p for p in producers if "transactional.id" in p)
+    client = next(p for p in producers if "transactional.id" not in p)
+    by_group = {c.get("group.id", "?").removeprefix(f"{ns}."): c for c in consumers}
     return {
-        "worker_settings_defaults": _jsonable(dataclasses.asdict(defaults)),
-        "engine_producer": _jsonable(captured.get("producer", {})),
-        "engine_consumer": _jsonable(consumers.get("engine", {})),
-        "engine_restore_consumer": _jsonable(consumers.get("restore", {})),
-        "client_producer": _jsonable(captured.get("client_producer", {})),
+        "settings_defaults": _jsonable(defaults.model_dump(mode="json")),
+        "engine_producer": _jsonable(engine),
+        "engine_consumer": _jsonable(by_group.get("engine", {})),
+        "engine_restore_consumer": _jsonable(by_group.get("restore", {})),
+        "client_producer": _jsonable(client),
         "broker_overrides": "runstream.dev.localkafka.LocalKafka single node defaults "
         "(RF 1, 2 network + 2 io threads, -Xmx512m)",
     }
@@ -691,7 +680,7 @@ class TopicWatcher(threading.Thread):
                     if not key.startswith(self.key_prefix):
                         continue
                     self.records += 1
-                    name, rec = self.codec.decode(msg.value())
+                    name, rec = self.codec.decode_raw(msg.value())
                     rec["_seen_ms"] = wall_ms  # when this consumer got it (committed by then)
                     rec["_produced_ms"] = msg.timestamp()[1]  # the producer's CreateTime
                     self.on_record(name, rec, now)
