@@ -10,30 +10,66 @@ rules):
   (besides ``dev``, the local broker launcher).
 - ``projections``: the RocksDB shell, the only package importing ``rocksdict``.
 - ``worker``, ``client``, ``cli``, ``audit``, ``supervisor``: the shell on top.
+
+The public names below are imported on first use, so a process that needs only a part
+(the supervisor of ``runstream worker`` needs the standard library alone) stays small.
 """
 
-from runstream.app import App
-from runstream.client import Client, RunInfo
-from runstream.engine.replay import Context
-from runstream.errors import (
-    CommandNotDelivered,
-    InvalidInput,
-    KafkaUnavailable,
-    NonDeterminismError,
-    PayloadTooLarge,
-    RunCancelled,
-    RunFailed,
-    RunNotFound,
-    RunRejected,
-    RunstreamError,
-    SignalTimeout,
-    StepError,
-    StepTimeout,
-    TerminalStepError,
-    WorkflowNotFound,
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runstream.app import App
+    from runstream.client import Client, RunInfo
+    from runstream.engine.replay import Context
+    from runstream.errors import (
+        CommandNotDelivered,
+        InvalidInput,
+        KafkaUnavailable,
+        NonDeterminismError,
+        PayloadTooLarge,
+        RunCancelled,
+        RunFailed,
+        RunNotFound,
+        RunRejected,
+        RunstreamError,
+        SignalTimeout,
+        StepError,
+        StepTimeout,
+        TerminalStepError,
+        WorkflowNotFound,
+    )
+    from runstream.settings import Settings
+    from runstream.worker import Worker
+
+_ERRORS = (
+    "CommandNotDelivered",
+    "InvalidInput",
+    "KafkaUnavailable",
+    "NonDeterminismError",
+    "PayloadTooLarge",
+    "RunCancelled",
+    "RunFailed",
+    "RunNotFound",
+    "RunRejected",
+    "RunstreamError",
+    "SignalTimeout",
+    "StepError",
+    "StepTimeout",
+    "TerminalStepError",
+    "WorkflowNotFound",
 )
-from runstream.settings import Settings
-from runstream.worker import Worker
+_HOME = {
+    "App": "runstream.app",
+    "Client": "runstream.client",
+    "RunInfo": "runstream.client",
+    "Context": "runstream.engine.replay",
+    "Settings": "runstream.settings",
+    "Worker": "runstream.worker",
+    **dict.fromkeys(_ERRORS, "runstream.errors"),
+}
 
 __all__ = [
     "App",
@@ -58,3 +94,16 @@ __all__ = [
     "Worker",
     "WorkflowNotFound",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'runstream' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

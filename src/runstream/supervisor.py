@@ -6,6 +6,10 @@ what was not committed is redone, what was committed is never lost.
 SIGTERM and SIGINT are passed on to the engine (its own process group, so a Ctrl-C
 reaches it once), and an engine the supervisor was asked to stop is never started
 again, also during the back-off between two restarts.
+
+The supervisor process runs this module alone (``python -m runstream.supervisor GRACE
+-- ENGINE ARGV``): it imports nothing but the standard library, so it adds little
+memory next to the engine.
 """
 
 from __future__ import annotations
@@ -100,3 +104,20 @@ def _wait(child: subprocess.Popen[bytes], stopped: threading.Event, grace: float
         if kill_at is not None and time.monotonic() > kill_at:
             log.warning("engine process did not stop within %.0f s; killing it", grace)
             child.kill()
+
+
+def main(argv: Sequence[str]) -> int:
+    """``GRACE -- ENGINE ARGV...``: supervise the engine command (`runstream worker`)."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    grace, sep, *engine = argv
+    if sep != "--" or not engine:
+        raise SystemExit("usage: python -m runstream.supervisor GRACE -- ENGINE ARGV...")
+    return supervise(engine, grace=float(grace))
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

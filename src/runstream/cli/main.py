@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -85,11 +86,12 @@ def worker(target: str, supervise: bool, **values: Any) -> None:
     RUNSTREAM_BATCH_SIZE, --kafka-config is RUNSTREAM_KAFKA (JSON).
     """
     settings = options.engine_settings(values)
-    if supervise:
-        from runstream.supervisor import supervise as run_supervised
-
-        argv = [sys.executable, "-m", "runstream", *sys.argv[1:], "--no-supervise"]
-        sys.exit(run_supervised(argv, grace=settings.stop_timeout + 5))
+    if supervise:  # become the supervisor: a lean process that runs the engine below it
+        engine = [sys.executable, "-m", "runstream", *sys.argv[1:], "--no-supervise"]
+        grace = str(settings.stop_timeout + 5)
+        os.execv(
+            sys.executable, [sys.executable, "-m", "runstream.supervisor", grace, "--", *engine]
+        )
     from runstream.worker import Worker
 
     Worker(load_app(target), settings).run()
