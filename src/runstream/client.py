@@ -1,8 +1,9 @@
 """`Client`: start, signal, cancel and ask about runs, over Kafka only.
 
 Commands go to ``<ns>.commands`` on the partition Kafka's murmur2 gives the run id,
-like any other producer. Answers come back on ``<ns>.replies`` (point queries the
-owning instance answers from its projection) and ``<ns>.lifecycle``.
+like any other producer. Answers come back on ``<ns>.replies``, keyed by the client's
+id: the run's owner answers from its projection, at once or (``result``) in the
+transaction that ends the run.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pydantic import BaseModel
 from runstream.engine import payload
 from runstream.engine.partitioner import partition_for
 from runstream.errors import (
+    KafkaUnavailable,
+    PayloadTooLarge,
     RunCancelled,
     RunFailed,
     RunNotFound,
@@ -31,8 +34,7 @@ from runstream.schemas.records import (
     TERMINAL,
     Cancel,
     Command,
-    Kind,
-    LifecycleEvent,
+    Query,
     Signal,
     StartRun,
     Status,
@@ -46,8 +48,7 @@ from runstream.topics.admin import client_config
 from runstream.topics.kafka import CommandSender, Listener
 from runstream.topics.spec import Topics
 
-_RECENT = 10_000  # terminal events remembered for result() calls that come later
-_ENDS = {f"run.{s}" for s in (*TERMINAL, Status.REJECTED)}
+_EXPECTED = 10_000  # starts whose answer this client remembers to expect
 
 
 class RunInfo(BaseModel):
@@ -87,10 +88,12 @@ class Client:
         self._sender = CommandSender(self._config, s.send_timeout)
         self._partitions = self._partition_count(self.topics.commands, s.connect_timeout)
         self._reply_partitions = self._partition_count(self.topics.replies, s.connect_timeout)
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # one question at a time reads the replies
+        self._mutex = threading.Lock()  # guards the listener's creation and what is expected
         self._listener: Listener | None = None
-        self._listening: set[int] = set()  # lifecycle partitions assigned
-        self._recent: OrderedDict[str, LifecycleEvent] = OrderedDict()  # run id -> its end
+        self._key = self.client_id.encode()
+        self._asked: set[str] = set()  # request ids waiting for an answer
+        self._expected: OrderedDict[str, str] = OrderedDict()  # run id -> its start's request
         self._replies: dict[str, RunInfoRecord] = {}
 
     def __enter__(self) -> Client:
@@ -135,12 +138,33 @@ class Client:
         problem = run_id_problem(run_id, new=True)
         if problem:
             raise ValueError(problem)
-        self._send(
-            StartRun(
-                run_id, name, payload.dumps(input), version, None, dict(tags or {}), _now_ms()
-            ),
-            wait,
+        # Ask for the run's end with the start itself: result() then costs no question.
+        # With Kafka away, send the start all the same (librdkafka keeps it until Kafka is
+        # back or send_timeout passes); result() will ask.
+        try:
+            self._listen()
+            reply_to: str | None = self.client_id
+        except KafkaUnavailable:
+            reply_to = None
+        request_id = uuid.uuid4().hex
+        cmd = StartRun(
+            run_id,
+            name,
+            payload.dumps(input),
+            version,
+            None,
+            dict(tags or {}),
+            _now_ms(),
+            reply_to=reply_to,
+            request_id=request_id,
         )
+        with self._mutex:
+            if reply_to is not None:
+                self._expected[run_id] = request_id
+                self._asked.add(request_id)
+            if len(self._expected) > _EXPECTED:
+                self._asked.discard(self._expected.popitem(last=False)[1])
+        self._send(cmd, wait)
         return run_id
 
     def signal(
@@ -159,41 +183,44 @@ class Client:
     def get_run(self, run_id: str, timeout: float = 10.0) -> RunInfo:
         """Ask the run's owner; raises RunNotFound if no such run exists."""
         with self._lock:
-            info = self._ask(run_id, time.monotonic() + timeout, terminal=False)
+            info = self._ask(run_id, time.monotonic() + timeout, wait=False)
         if info is None:
             raise TimeoutError(
                 f"no answer about run {run_id!r} within {timeout}s (is an engine instance running?)"
             )
-        if not isinstance(info, RunInfoRecord) or not info.found:
+        if not info.found:
             raise RunNotFound(f"no run {run_id!r} in namespace {self.namespace!r}")
         if info.reply_error:
-            raise RunFailed(run_id, info.reply_error, "unanswerable")
+            raise PayloadTooLarge(f"the answer about run {run_id!r}: {info.reply_error}")
         return _run_info(info)
 
     def result(self, run_id: str, timeout: float = 30.0) -> Any:
         """The run's output once it ends (following continue-as-new). Raises RunFailed,
-        RunCancelled, RunRejected, RunNotFound (at once), or TimeoutError."""
+        RunCancelled, RunRejected, RunNotFound (at once), or TimeoutError.
+
+        The run's owner answers in the transaction that ends the run (on this client's
+        replies partition); the question is asked again now and then, in case the run's
+        partition moved to another instance meanwhile."""
         deadline = time.monotonic() + timeout
         with self._lock:
             while True:
-                end = self._ask(run_id, deadline, terminal=True)
+                end = self._ask(run_id, deadline, wait=True)
                 if end is None:
                     raise TimeoutError(f"run {run_id!r} did not finish within {timeout}s")
-                if isinstance(end, RunInfoRecord) and not end.found:
+                if not end.found:
                     raise RunNotFound(f"no run {run_id!r} in namespace {self.namespace!r}")
-                status = end.type[4:] if isinstance(end, LifecycleEvent) else end.status
-                if status == Status.COMPLETED:
+                if end.reply_error:
+                    raise PayloadTooLarge(f"the answer about run {run_id!r}: {end.reply_error}")
+                if end.status == Status.COMPLETED:
                     if end.continued_as:
                         run_id = end.continued_as
                         continue
-                    if isinstance(end, RunInfoRecord) and end.reply_error:
-                        raise RunFailed(run_id, end.reply_error, "unanswerable")
                     return payload.loads(end.output)
-                if status == Status.CANCELLED:
+                if end.status == Status.CANCELLED:
                     raise RunCancelled(run_id, end.reason or "")
-                if status == Status.REJECTED:
+                if end.status == Status.REJECTED:
                     raise RunRejected(run_id, end.code or "", end.reason or "")
-                raise RunFailed(run_id, end.error or end.reason or "", status)
+                raise RunFailed(run_id, end.error or end.reason or "", end.status)
 
     # -- internals ---------------------------------------------------------------------
     def _send(self, cmd: Command, wait: bool = True) -> None:
@@ -210,59 +237,64 @@ class Client:
         if wait:
             self._sender.flush(self._send_timeout)
 
-    def _ask(
-        self, run_id: str, deadline: float, terminal: bool
-    ) -> RunInfoRecord | LifecycleEvent | None:
-        """Query the run's owner while listening to the run's lifecycle partition. Returns
-        the answer (only a terminal one or a "no such run" if ``terminal``), or None at
-        the deadline."""
-        self._listen(partition_for(run_id.encode(), self._partitions))
-        request_id = uuid.uuid4().hex
-        from runstream.schemas.records import Query
-
-        self._send(Query(run_id, request_id, self.client_id))
+    def _ask(self, run_id: str, deadline: float, wait: bool) -> RunInfoRecord | None:
+        """The owner's answer about ``run_id`` (with ``wait``: once the run has ended, or
+        that it does not exist), or None at the deadline. A waiting question is asked again
+        after 2 s, then less and less often, in case the owner forgot it (its partition
+        moved)."""
+        self._listen()
+        again = 2.0
+        with self._mutex:
+            expected = self._expected.pop(run_id, None) if wait else None
         while True:
-            end = self._recent.get(run_id) if terminal else None
-            if end is not None:
-                return end
-            info = self._replies.pop(request_id, None)
-            if info is not None and (
-                not terminal or not info.found or info.status in (*TERMINAL, Status.REJECTED)
-            ):
-                return info
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            self._pump(min(remaining, 1.0))
+            if expected is not None:  # asked with the start: wait for that answer first
+                request_id, expected = expected, None
+            else:
+                request_id = uuid.uuid4().hex
+                self._asked.add(request_id)
+                self._send(Query(run_id, request_id, self.client_id, wait))
+            ask_again = time.monotonic() + again
+            try:
+                while True:
+                    info = self._replies.pop(request_id, None)
+                    if info is not None and (not wait or _ended(info)):
+                        return info
+                    now = time.monotonic()
+                    if now >= deadline:
+                        return None
+                    if wait and now >= ask_again:
+                        break
+                    self._pump(min(deadline, ask_again if wait else deadline, now + 1.0) - now)
+            finally:
+                self._asked.discard(request_id)
+            again = min(again * 2, 15.0)
 
-    def _listen(self, lifecycle_partition: int) -> None:
-        if self._listener is None:
-            self._listener = Listener(self._config, self.client_id)
-            p = partition_for(self.client_id.encode(), self._reply_partitions)
-            self._from_end(self.topics.replies, p)
-        if lifecycle_partition not in self._listening:
-            self._from_end(self.topics.lifecycle, lifecycle_partition)
-            self._listening.add(lifecycle_partition)
-
-    def _from_end(self, topic: str, p: int) -> None:
-        # An explicit offset, not OFFSET_END: the position must be fixed before we ask,
-        # or an answer that comes quickly could land before it and be missed.
-        assert self._listener is not None
-        self._listener.add(topic, p, self._listener.end_offset(topic, p))
+    def _listen(self) -> None:
+        """Read this client's replies partition from its end now (an explicit offset: a
+        quick answer cannot land before the position is fixed and be missed)."""
+        with self._mutex:
+            if self._listener is None:
+                listener = Listener(self._config, self.client_id)
+                topic = self.topics.replies
+                p = partition_for(self.client_id.encode(), self._reply_partitions)
+                try:
+                    listener.add(topic, p, listener.end_offset(topic, p))
+                except BaseException:
+                    listener.close()
+                    raise
+                self._listener = listener
 
     def _pump(self, timeout: float) -> None:
         assert self._listener is not None
-        for rec in self._listener.poll(timeout):
+        for rec in self._listener.poll(max(0.0, timeout)):
+            if rec.key != self._key:
+                continue  # another client's answer on the same partition
             try:
                 msg = self.codec.decode(rec.value)
             except Exception:  # not ours to judge: the engine writes these topics
                 continue
-            if isinstance(msg, RunInfoRecord):
+            if isinstance(msg, RunInfoRecord) and msg.request_id in self._asked:
                 self._replies[msg.request_id] = msg
-            elif isinstance(msg, LifecycleEvent) and msg.type in _ENDS:
-                self._recent[msg.run_id] = msg
-                if len(self._recent) > _RECENT:
-                    self._recent.popitem(last=False)
 
     def _partition_count(self, topic: str, timeout: float) -> int:
         n = self._sender.partitions(topic, timeout)
@@ -272,6 +304,11 @@ class Client:
                 f"{self.namespace}` or start an engine instance"
             )
         return n
+
+
+def _ended(info: RunInfoRecord) -> bool:
+    """The answer a waiting question wants: the run ended, or it does not exist."""
+    return not info.found or info.status in (*TERMINAL, Status.REJECTED)
 
 
 def _run_info(info: RunInfoRecord) -> RunInfo:
@@ -298,4 +335,4 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-__all__ = ["Client", "Kind", "RunInfo"]
+__all__ = ["Client", "RunInfo"]

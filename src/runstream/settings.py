@@ -74,6 +74,13 @@ class Settings(BaseSettings):
         description="Seconds steps still running at a stop get to finish and be "
         "recorded; a second SIGTERM/SIGINT stops at once.",
     )
+    chain_budget: float = Field(
+        0.005,
+        ge=0,
+        description="Seconds a batch may wait for the steps it starts before it commits, so "
+        "a chain of quick local steps (and the run's end) commits in one transaction; 0 "
+        "commits every step's start first.",
+    )
     activation_budget: float = Field(
         1.0,
         gt=0,

@@ -29,9 +29,19 @@ from runstream.engine.budget import ActivationBudget
 from runstream.engine.decide import Decider
 from runstream.engine.replay import Overrun
 from runstream.engine.state import RunState
-from runstream.engine.steps import StepRunner
+from runstream.engine.steps import StepRunner, chain
 from runstream.engine.timers import TimerQueue
-from runstream.engine.work import Batch, LogRecord, Recover, Resume, StepOutcome, Work
+from runstream.engine.waiters import Waiters
+from runstream.engine.work import (
+    Attempt,
+    Batch,
+    LogRecord,
+    Recover,
+    Resume,
+    StepJob,
+    StepOutcome,
+    Work,
+)
 from runstream.errors import KafkaUnavailable
 from runstream.instance import STUCK, InstanceFiles
 from runstream.projections.store import PartitionStore, catch_up
@@ -50,10 +60,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("runstream.worker")
 
 
+#: Under load, how long a poll may wait for more commands to share one transaction.
+LINGER = 0.01
+
+
 @dataclass
 class _Owned:
     store: PartitionStore
     position: int  # next command offset; committed by every transaction that writes p
+    fresh_from: int  # commands from here on no former owner can have seen
 
 
 class Worker:
@@ -74,14 +89,18 @@ class Worker:
         self.topics, self.codec = Topics(app.namespace), Codec.default()
         self.state_dir = s.state_dir / app.namespace / self.instance_id
         self.stats: Counter[str] = Counter()  # transactions, aborted, commands, facts
+        # where the loop's time goes, by phase (logged at stop)
+        self.seconds: dict[str, float] = dict.fromkeys(("poll", "decide", "commit", "apply"), 0.0)
         self.status = "stopped"  # connecting, restoring, running, draining, stopped
         self._log = log
         self._decider: Decider | None = None
         self._owned: dict[int, _Owned] = {}
         self._to_restore: list[int] = []
         self._timers = TimerQueue()
+        self._waiters = Waiters()
         self._outcomes: queue.SimpleQueue[StepOutcome] = queue.SimpleQueue()
         self._requeued: list[Work] = []
+        self._busy = False  # the last poll brought more than one command
         self._recovering: deque[Recover] = deque()  # one at a time: see Rules.recover
         self._steps = StepRunner(s.step_concurrency, self._outcomes.put)
         self._stopping, self._hurry = threading.Event(), threading.Event()
@@ -110,7 +129,10 @@ class Worker:
             self._set_status("running")
             while not self._stopping.is_set():
                 self._restore_assigned(engine_log)
-                self._process(engine_log, self._poll(engine_log))
+                polled = time.perf_counter()
+                records = self._poll(engine_log)
+                self.seconds["poll"] += time.perf_counter() - polled
+                self._process(engine_log, records)
             self._drain(engine_log)
         finally:
             self._close()
@@ -163,7 +185,12 @@ class Worker:
         for owned in self._owned.values():
             owned.store.close()
         self._owned.clear()
-        log.info("instance %s stopped: %s", self.instance_id, dict(self.stats))
+        log.info(
+            "instance %s stopped: %s; seconds in %s",
+            self.instance_id,
+            dict(self.stats),
+            {k: round(v, 1) for k, v in self.seconds.items()},
+        )
 
     # -- partition ownership (called inside poll(), on this thread) ----------------------
     def assigned(self, partitions: list[int]) -> None:
@@ -180,6 +207,7 @@ class Worker:
             if p in self._to_restore:
                 self._to_restore.remove(p)
         self._timers.drop(set(partitions))
+        self._waiters.drop(set(partitions))
         self._steps.forget(set(partitions))
         self._recovering = deque(r for r in self._recovering if r.partition not in partitions)
         log.info("partitions %s %s", sorted(partitions), "lost" if lost else "revoked")
@@ -193,6 +221,7 @@ class Worker:
         started, partitions = time.monotonic(), sorted(self._to_restore)
         self._to_restore = []
         positions = engine_log.committed(partitions)
+        ends = engine_log.end_offsets(partitions)
         stores = {p: PartitionStore(self.state_dir / f"p{p}", self.codec) for p in partitions}
         facts = catch_up(
             stores,
@@ -205,7 +234,7 @@ class Worker:
                 store.close()
             return
         for p, store in stores.items():
-            self._owned[p] = _Owned(store, positions[p])
+            self._owned[p] = _Owned(store, positions[p], ends[p])
             for due, run_id, seq in store.timers():
                 self._timers.add(p, run_id, seq, due)
             self._recovering.extend(Recover(p, r) for r in store.running())
@@ -237,7 +266,13 @@ class Worker:
         due = self._timers.next_due()
         if due is not None:
             wait = max(0.0, min(wait, due / 1000 - time.time()))
-        return engine_log.poll(wait, limit)
+        records = engine_log.poll(wait, limit)
+        if self._busy and records:  # under load: gather a bigger batch, fewer transactions
+            until = time.monotonic() + LINGER
+            while len(records) < limit and (left := until - time.monotonic()) > 0:
+                records += engine_log.poll(left, limit - len(records))
+        self._busy = len(records) > 1
+        return records
 
     def _take_internal(self, now: int) -> list[Work]:
         items, self._requeued = self._requeued, []
@@ -254,35 +289,77 @@ class Worker:
         return items
 
     def _process(self, engine_log: EngineLog, records: list[LogRecord]) -> None:
-        now = int(time.time() * 1000)
+        began, now = time.perf_counter(), int(time.time() * 1000)
         items: list[Work] = [*records, *self._take_internal(now)]
         if not items:
             return
         assert self._decider is not None
-        b = Batch(self._load, now, self._parked)
+        b, decider = Batch(self._load, now, self._parked), self._decider
+        careful: set[str] = set()  # runs touched by work a former process may have seen
+        started: dict[Attempt, StepJob] = {}  # by the chain, ahead of the commit
+        decided: list[StepOutcome] = []  # by the chain
         try:
             for item in items:
                 if item.partition in self._owned:
-                    self._decider.handle(b, item)
+                    run_id = decider.handle(b, item)
+                    if run_id and not self._fresh(item):
+                        careful.add(run_id)
+            if self.settings.chain_budget and not self._stopping.is_set():
+                chain(
+                    b,
+                    lambda o: decider.handle(b, o) if o.partition in self._owned else None,
+                    self._steps,
+                    self._outcomes,
+                    careful,
+                    self.settings.chain_budget,
+                    started,
+                    decided,
+                )
         except Overrun:  # delivered after its activation ended: nothing is lost, redo
-            self._redo(engine_log, b, items)
+            self._redo(engine_log, b, items, started, decided)
             return
         if b.empty:
             return
+        answered = self._waiters.answer(b, decider.rules.run_info)
+        decided_at = time.perf_counter()
         written = self._commit(engine_log, b)
+        committed_at = time.perf_counter()
         if written is None:
-            self._redo(engine_log, b, items)
+            self._redo(engine_log, b, items, started, decided)
         else:
-            self._apply(b, *written)
+            self._waiters.committed(b, answered)
+            self._apply(b, *written, started)
+        self.seconds["decide"] += decided_at - began
+        self.seconds["commit"] += committed_at - decided_at
+        self.seconds["apply"] += time.perf_counter() - committed_at
 
-    def _redo(self, engine_log: EngineLog, b: Batch, items: list[Work]) -> None:
-        """Drop the batch: its commands are read again, its internal work is requeued."""
+    def _fresh(self, item: Work) -> bool:
+        """Work no former process of this partition can have seen: its steps may run
+        before their start is committed (`engine.steps.chain`)."""
+        if isinstance(item, LogRecord):
+            return item.offset >= self._owned[item.partition].fresh_from
+        return isinstance(item, StepOutcome) and not item.isolated
+
+    def _redo(
+        self,
+        engine_log: EngineLog,
+        b: Batch,
+        items: list[Work],
+        started: dict[Attempt, StepJob],
+        decided: list[StepOutcome],
+    ) -> None:
+        """Drop the batch: its commands are read again, its internal work is requeued, and
+        what its chain ran is kept for when the redone batch schedules it again."""
         self.stats["aborted"] += 1
+        if self._decider is not None:
+            self._decider.forget(b.runs)
         for p, (first, _) in b.consumed.items():
             if p in self._owned:
                 engine_log.seek(p, first)
+        self._steps.keep(started.values(), [o for o in decided if o.key in started])
         self._recovering.extendleft(w for w in items if isinstance(w, Recover))
         self._requeued[:0] = [w for w in items if not isinstance(w, LogRecord | Recover)]
+        self._requeued += [o for o in decided if o.key not in started]
 
     def _load(self, p: int, run_id: str) -> RunState:
         return self._owned[p].store.get(run_id)
@@ -317,7 +394,13 @@ class Worker:
         consumed = b.consumed.get(p)
         return consumed[1] + 1 if consumed else self._owned[p].position
 
-    def _apply(self, b: Batch, encoded: dict[str, list[bytes]], ends: dict[int, int]) -> None:
+    def _apply(
+        self,
+        b: Batch,
+        encoded: dict[str, list[bytes]],
+        ends: dict[int, int],
+        started: dict[Attempt, StepJob],
+    ) -> None:
         """After the commit: project the facts, arm timers, start the steps."""
         for p, (_, last) in b.consumed.items():
             self._owned[p].position = last + 1
@@ -333,7 +416,7 @@ class Worker:
             self._parked = {r: why for r, why in self._parked.items() if r not in b.runs}
             self._files.write_stuck(self._parked)
         if not self._stopping.is_set():  # stopping: the next owner recovers them
-            self._steps.submit(b.effects.steps)
+            self._steps.submit(j for j in b.effects.steps if j.key not in started)
 
     def _drain(self, engine_log: EngineLog) -> None:
         """On stop: take no new commands, but record the steps still running."""

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from runstream.engine.limits import Limits
 from runstream.engine.partitioner import partition_for
 from runstream.engine.work import LogRecord
+from runstream.schemas.codec import Codec
 from runstream.topics.base import Ownership, TransactionAborted
 from runstream.topics.spec import Topics
+
+CODEC = Codec.default()
 
 
 @dataclass
@@ -62,6 +66,7 @@ class MemoryLog:
         self._offsets: dict[int, int] = {}
         self.fail_commits = 0  # the next n commits fail as abortable
         self.commits = 0
+        self.journal_batches: list[tuple[int, Any]] = []  # (commit number, fact) as committed
         self.aborts = 0
 
     # -- what tests do to it -------------------------------------------------------------
@@ -111,6 +116,9 @@ class MemoryLog:
     def committed(self, partitions: list[int]) -> dict[int, int]:
         return {p: self.cluster.committed.get(p, 0) for p in partitions}
 
+    def end_offsets(self, partitions: list[int]) -> dict[int, int]:
+        return {p: len(self.cluster.records(self.topics.commands, p)) for p in partitions}
+
     def read_journal(
         self, start: Mapping[int, int], stopping: Callable[[], bool]
     ) -> Iterator[LogRecord]:
@@ -146,6 +154,7 @@ class MemoryLog:
             if topic == self.topics.journal:
                 assert partition is not None
                 ends[partition] = offset + 1
+                self.journal_batches.append((self.commits, CODEC.decode(value)))
         self.cluster.committed.update(self._offsets)
         self._txn = None
         self.commits += 1

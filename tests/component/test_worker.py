@@ -64,9 +64,13 @@ def make_app(ns: str, bodies: Counter[str], gate: threading.Event | None = None)
 class Rig:
     """One worker over the shared in-memory cluster, driven one loop turn at a time."""
 
-    def __init__(self, app: runstream.App, cluster: Cluster, tmp: Path, name: str = "w1") -> None:
+    def __init__(
+        self, app: runstream.App, cluster: Cluster, tmp: Path, name: str = "w1", **settings: Any
+    ) -> None:
         self.cluster, self.log = cluster, MemoryLog(cluster, app.namespace)
-        settings = runstream.Settings(instance_id=name, state_dir=tmp, exit_on_hang=False)
+        settings = runstream.Settings(
+            instance_id=name, state_dir=tmp, exit_on_hang=False, **settings
+        )
         self.worker = runstream.Worker(app, settings, log=self.log)
         assert self.worker._connect() is self.log
 
@@ -213,6 +217,28 @@ def test_a_partition_revoked_with_a_step_in_flight_is_recovered_by_its_next_owne
     w2.close()
 
 
+def test_the_client_that_started_a_run_hears_its_end_from_the_next_owner(tmp_path, ns):
+    """The start's question is in RunStarted: the instance that owns the run when it ends
+    answers it, though the one that took the start is gone."""
+    cluster, bodies, gate = Cluster(), Counter[str](), threading.Event()
+    app = make_app(ns, bodies, gate)
+    w1 = Rig(app, cluster, tmp_path, "w1")
+    w1.log.assign([0, 1, 2, 3])
+    cmd = StartRun("g", "gated", payload.dumps(7), reply_to="client-1", request_id="q1")
+    send(cluster, ns, cmd)
+    w1.until(lambda: bodies["slow 7"] == 1)
+    w1.log.revoke([0, 1, 2, 3])
+    w1.turn()
+    w2 = Rig(app, cluster, tmp_path, "w2")
+    w2.log.assign([0, 1, 2, 3])
+    gate.set()
+    w2.until(lambda: "g" in ended(cluster, ns))
+    replies = [(k, CODEC.decode(v)) for _, _, k, v in cluster.all(f"{ns}.replies")]
+    assert [(k, r.request_id, r.status) for k, r in replies] == [(b"client-1", "q1", "completed")]
+    w1.close()
+    w2.close()
+
+
 def test_a_sleeping_run_has_one_timer_entry_however_often_it_is_touched(tmp_path, ns):
     cluster, bodies = Cluster(), Counter[str]()
     rig = Rig(make_app(ns, bodies), cluster, tmp_path)
@@ -224,4 +250,75 @@ def test_a_sleeping_run_has_one_timer_entry_however_often_it_is_touched(tmp_path
         rig.turn()
     assert len(facts(cluster, ns, "sleeper")) == 22
     assert len(rig.worker._timers) == 1 and len(rig.worker._timers._heap) == 1
+    rig.close()
+
+
+def _commits_of(cluster: Cluster, ns: str, run_id: str, log: MemoryLog) -> int:
+    """How many transactions wrote facts of ``run_id`` (the journal records each commit's
+    facts together, and MemoryLog counts commits as they happen)."""
+    return len({batch for batch, f in log.journal_batches if f.run_id == run_id})
+
+
+def test_a_chain_of_quick_steps_commits_in_one_transaction(tmp_path, ns):
+    cluster, bodies = Cluster(), Counter[str]()
+    rig = Rig(make_app(ns, bodies), cluster, tmp_path, chain_budget=2.0)
+    rig.log.assign([0, 1, 2, 3])
+    rig.until(lambda: len(rig.worker._owned) == 4)  # restored: commands from now on are fresh
+    start(cluster, ns, "quick", "three", 1)
+    rig.until(lambda: "quick" in ended(cluster, ns))
+    names = [type(f).__name__ for f in facts(cluster, ns, "quick")]
+    assert names == ["RunStarted", *["StepStarted", "StepCompleted"] * 3, "RunCompleted"]
+    assert _commits_of(cluster, ns, "quick", rig.log) == 1
+    rig.close()
+
+
+def test_a_command_a_former_owner_may_have_seen_commits_each_step_start_first(tmp_path, ns):
+    cluster, bodies = Cluster(), Counter[str]()
+    start(cluster, ns, "old", "three", 1)  # on the log before this instance took over
+    rig = Rig(make_app(ns, bodies), cluster, tmp_path, chain_budget=2.0)
+    rig.log.assign([0, 1, 2, 3])
+    rig.until(lambda: "old" in ended(cluster, ns))
+    # the step the old command starts is committed first; its outcome, ours, chains on
+    assert _commits_of(cluster, ns, "old", rig.log) == 2
+    start(cluster, ns, "new", "three", 1)  # fresh: chained
+    rig.until(lambda: "new" in ended(cluster, ns))
+    assert _commits_of(cluster, ns, "new", rig.log) == 1
+    rig.close()
+
+
+def test_steps_a_chain_ran_before_its_aborted_commit_do_not_run_again(tmp_path, ns):
+    """The outcomes of an aborted chain are kept: the redone batch schedules the same
+    attempts, which take them instead of running their bodies a second time."""
+    cluster, bodies = Cluster(), Counter[str]()
+    rig = Rig(make_app(ns, bodies), cluster, tmp_path, chain_budget=2.0)
+    rig.log.assign([0, 1, 2, 3])
+    rig.until(lambda: len(rig.worker._owned) == 4)  # restored: commands from now on are fresh
+    for i in range(5):
+        start(cluster, ns, f"r{i}", "three", i * 10)
+    rig.log.fail_commits = 1  # the chain of the starts
+    rig.until(lambda: len(ended(cluster, ns)) == 5)
+    assert rig.log.aborts == 1
+    assert ended(cluster, ns) == {f"r{i}": i * 10 + 3 for i in range(5)}
+    assert set(bodies.values()) == {1} and len(bodies) == 15  # no body ran twice
+    for i in range(5):
+        assert check_run(facts(cluster, ns, f"r{i}"), expect_finished=True) == []
+    rig.close()
+
+
+def test_a_step_still_running_when_its_chain_aborts_runs_once(tmp_path, ns):
+    """The chain's budget ran out with the step still running, and the commit aborted: the
+    redone batch schedules the attempt again, and it waits for the one running."""
+    cluster, bodies, gate = Cluster(), Counter[str](), threading.Event()
+    rig = Rig(make_app(ns, bodies, gate), cluster, tmp_path, chain_budget=0.01)
+    rig.log.assign([0, 1, 2, 3])
+    rig.until(lambda: len(rig.worker._owned) == 4)
+    start(cluster, ns, "g", "gated", 7)
+    rig.log.fail_commits = 1
+    rig.until(lambda: rig.log.aborts == 1)
+    rig.until(lambda: facts(cluster, ns, "g"))  # redone and committed, the body still held
+    gate.set()
+    rig.until(lambda: "g" in ended(cluster, ns))
+    assert ended(cluster, ns) == {"g": 7}
+    assert bodies == {"slow 7": 1}
+    assert check_run(facts(cluster, ns, "g"), expect_finished=True) == []
     rig.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import uuid
 
 from pydantic import BaseModel
 
@@ -44,9 +45,12 @@ def make_app(ns: str, bootstrap: str | None = None, **kw) -> runstream.App:
         return x
 
     @app.step
-    def tick(run: str, n: int) -> int:
-        _log(f"{run} {n}")
-        return n
+    def tick(run: str, n: int) -> str:
+        """Names its execution (process, nonce) in the step log and as its output, so a
+        test can tell the execution the journal recorded from any other."""
+        execution = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        _log(f"{run} {n} {execution}")
+        return execution
 
     @app.workflow
     async def sleepy(ctx: runstream.Context, seconds: float) -> str:

@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 import runstream
 from runstream import App, Settings, Worker
+from runstream.engine import payload
 from runstream.schemas.codec import Codec
 from runstream.topics.admin import client_config
 
@@ -30,8 +31,9 @@ class ThreadWorker:
     def __init__(self, app: App, state_dir: Path, instance: str = "w1", **kw: Any) -> None:
         defaults: dict[str, Any] = {"partitions": PARTITIONS, "session_timeout_ms": 6000}
         # exit_on_hang=False: a hung call must never end pytest
-        settings = Settings(instance_id=instance, state_dir=state_dir, exit_on_hang=False,
-                            **{**defaults, **kw})  # fmt: skip
+        settings = Settings(
+            instance_id=instance, state_dir=state_dir, exit_on_hang=False, **{**defaults, **kw}
+        )
         self.worker = Worker(app, settings)
         self.thread = threading.Thread(target=self.worker.run, daemon=True)
         self.thread.start()
@@ -201,10 +203,47 @@ def results(client: runstream.Client, run_ids: list[str], timeout: float) -> dic
     return out
 
 
-def step_executions(step_log: Path) -> Counter[tuple[str, int]]:
-    """(run id, n) -> how many times tick n's body ran for that run (workflow `sleepy`)."""
+#: tick n of workflow `sleepy` is the step at this sequence number (seq 2 is the sleep)
+TICK_SEQ = {1: 1, 2: 3, 3: 4}
+
+
+def check_ticks(step_log: Path, journal: list[tuple[str, dict, Any]], run_ids: list[str]) -> str:
+    """Account for every execution of `sleepy`'s tick bodies (each logs and returns its own
+    name, "pid-nonce"), against the journal's facts; returns a summary.
+
+    - every tick of every run ran, and the journal recorded exactly one of its executions;
+    - none ran after the recorded one: no committed step ran again;
+    - within one process, a tick ran again only after a recovery of it (RunRecovered).
+      Across processes, an execution the journal did not record may have run ahead of a
+      commit its process never made (it died, or lost the partition): at least once.
+    """
+    runs: dict[tuple[str, int], list[str]] = {}
     lines = step_log.read_text().splitlines() if step_log.exists() else []
-    return Counter((run, int(n)) for run, n in (line.split() for line in lines))
+    for run, n, execution in (line.split() for line in lines):
+        runs.setdefault((run, int(n)), []).append(execution)
+    assert set(runs) == {(run, n) for run in run_ids for n in TICK_SEQ}, "a tick never ran"
+    recorded: dict[tuple[str, int], list[str]] = {}
+    for name, r, _ in journal:
+        if name == "StepCompleted":
+            recorded.setdefault((r["run_id"], r["seq"]), []).append(payload.loads(r["output"]))
+    recovered = Counter((r["run_id"], r["seq"]) for name, r, _ in journal if name == "RunRecovered")
+    again = ahead = 0
+    for (run, n), executions in runs.items():
+        key = (run, TICK_SEQ[n])
+        assert len(recorded.get(key, [])) == 1, f"tick {n} of {run} recorded {recorded.get(key)}"
+        execution = recorded[key][0]
+        assert execution in executions, f"tick {n} of {run}: {execution} never ran"
+        assert executions[-1] == execution, f"tick {n} of {run} ran after its commit: {executions}"
+        per_process = Counter(e.split("-")[0] for e in executions)
+        assert max(per_process.values()) <= 1 + recovered[key], (run, n, executions)
+        again += len(executions) - 1
+        ahead += len(executions) - 1 - min(len(executions) - 1, recovered[key])
+    bodies = sum(len(e) for e in runs.values())
+    return (
+        f"{bodies} tick bodies ran for {len(runs)} ticks, none after its commit; {again} ran "
+        f"again ({recovered.total()} recoveries in the journal, {ahead} re-runs of a tick "
+        "that had run ahead of a commit that never came)"
+    )
 
 
 def journal_ends(bootstrap: str, ns: str) -> dict[int, int]:

@@ -13,12 +13,9 @@ import pytest
 
 import runstream
 
-from .kit import PARTITIONS, kill, read_topic, spawn_worker, terminate, wait_for
+from .kit import PARTITIONS, check_ticks, kill, read_topic, spawn_worker, terminate, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
-
-# tick n of workflow `sleepy` is the step at this sequence number (seq 2 is the sleep)
-TICK_SEQ = {1: 1, 2: 3, 3: 4}
 
 
 def _client(ns, bootstrap):
@@ -81,23 +78,17 @@ def test_two_instances_one_sigkilled_mid_flight(kafka_bootstrap, ns, tmp_path):
     finally:
         _stop(w1, w2)
     journal = _check_journal(kafka_bootstrap, ns, runs)
-    bodies = Counter(tuple(line.split()) for line in log.read_text().splitlines())
-    twice = {k: n for k, n in bodies.items() if n > 1}
-    recovered = {(r["run_id"], r["seq"]) for n, r, _ in journal if n == "RunRecovered"}
-    # Only a step whose first run was in flight in the killed process may run again.
-    assert all((run, TICK_SEQ[int(n)]) in recovered for run, n in twice)
-    assert all(n == 2 for n in twice.values())
-    print(
-        f"\n{len(twice)} step bodies ran twice (in flight at the kill); "
-        f"all {runs} runs finished {recovered_in:.1f}s after the kill"
-    )
+    ticks = check_ticks(log, journal, [*results, "probe"])
+    print(f"\n{ticks}; all {runs} runs finished {recovered_in:.1f}s after the kill")
 
 
 def test_a_run_that_keeps_crashing_its_instance_goes_dead(kafka_bootstrap, ns, tmp_path):
     """The poison step SIGKILLs its engine process each time; the supervisor of
     `runstream worker` starts it again, and the run goes dead without anyone's help.
-    The first crash charges nobody (other steps might have been running); each crash
-    while the step runs alone, as a recovery, is the run's own: the fourth goes past
+    Its first attempt ran ahead of its commit (a fresh start chains its steps), so nothing
+    of it counted; the start, read again, commits the step before it runs. That crash
+    charges nobody (other steps might have been running); each crash while the step runs
+    alone, as a recovery, is the run's own: the third such one goes past
     max_recovery_attempts=2."""
     log = tmp_path / "steps.log"
     state = tmp_path / "state"
@@ -106,7 +97,8 @@ def test_a_run_that_keeps_crashing_its_instance_goes_dead(kafka_bootstrap, ns, t
     worker = spawn_worker(kafka_bootstrap, ns, state, "w1", log, **env)
     try:
         client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
-        client.start("poison", None, run_id="poison")
+        wait_for(lambda: len(_owns(state, ns, "w1")) == PARTITIONS, what="w1 to own all")
+        client.start("poison", None, run_id="poison")  # fresh: its first attempt runs ahead
         with pytest.raises(runstream.RunFailed, match=r"dead: .*died, 3 times"):
             client.result("poison", timeout=180)
         client.start("three_steps", 1, run_id="healthy")  # the instance carries on
@@ -114,8 +106,8 @@ def test_a_run_that_keeps_crashing_its_instance_goes_dead(kafka_bootstrap, ns, t
         assert worker.poll() is None  # the supervisor never gave up
     finally:
         _stop(worker)
-    # the first attempt and three recoveries each took the engine process down
-    assert log.read_text().splitlines().count("crash") == 4
+    # ahead of its commit, committed, then three recoveries: each took the process down
+    assert log.read_text().splitlines().count("crash") == 5
     dlq = read_topic(kafka_bootstrap, f"{ns}.dlq")
     assert [r["run_id"] for _, r, _ in dlq] == ["poison"]
     assert "max_recovery_attempts=2" in dlq[0][1]["reason"]
@@ -131,8 +123,11 @@ def test_a_frozen_instance_is_fenced_when_it_wakes(kafka_bootstrap, ns, tmp_path
     try:
         wait_for(lambda: _owns(state, ns, "w1"), what="w1 to own partitions")
         engine.send_signal(signal.SIGSTOP)  # its runs' timers come due while it sleeps
-        wait_for(lambda: len(_owns(state, ns, "w2")) == PARTITIONS, timeout=60,
-                 what="w2 to take w1's partitions over")  # fmt: skip
+        wait_for(
+            lambda: len(_owns(state, ns, "w2")) == PARTITIONS,
+            timeout=60,
+            what="w2 to take w1's partitions over",
+        )
         results = {f"run-{i}": client.result(f"run-{i}", timeout=180) for i in range(runs)}
         assert set(results.values()) == {"rested"}
         engine.send_signal(signal.SIGCONT)  # the zombie wakes with due timers in hand
@@ -140,10 +135,14 @@ def test_a_frozen_instance_is_fenced_when_it_wakes(kafka_bootstrap, ns, tmp_path
         # tries to commit is refused (its group generation is stale, KIP-447).
         log = tmp_path / "w1.log"
         fenced = wait_for(
-            lambda: [line for line in log.read_text().splitlines() if " lost" in line
-                     or "transaction aborted" in line],
-            timeout=60, what="the zombie to see it was fenced",
-        )  # fmt: skip
+            lambda: [
+                line
+                for line in log.read_text().splitlines()
+                if " lost" in line or "transaction aborted" in line
+            ],
+            timeout=60,
+            what="the zombie to see it was fenced",
+        )
         print(f"\nthe zombie, awake: {fenced[0][24:]}")
     finally:
         _stop(w1, w2)
@@ -163,6 +162,7 @@ def test_a_poison_step_among_healthy_runs_takes_only_its_own_run_down(
     healthy = [f"healthy-{i}" for i in range(50)]
     try:
         client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
+        wait_for(lambda: len(_owns(state, ns, "w1")) == PARTITIONS, what="w1 to own all")
         for run_id in healthy:
             client.start("steady", 0.2, run_id=run_id, wait=False)
         client.start("poison", None, run_id="poison")
@@ -178,7 +178,8 @@ def test_a_poison_step_among_healthy_runs_takes_only_its_own_run_down(
     charged = {r["run_id"]: r["recoveries"] for n, r, _ in journal if n == "RunRecovered"}
     assert all(charged[r] == 0 for r in healthy if r in charged)  # recovered, never charged
     crashes = log.read_text().splitlines().count("crash")
-    assert crashes == 3  # in the crowd (free), alone (charged 1 <= 1), alone again (dead)
+    # ahead of its commit and in the crowd (free), alone (charged 1 <= 1), alone again (dead)
+    assert crashes == 4
 
 
 def test_workflow_code_blocked_in_a_call_restarts_the_instance_and_is_parked(
@@ -190,8 +191,11 @@ def test_workflow_code_blocked_in_a_call_restarts_the_instance_and_is_parked(
     try:
         client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
         client.start("block", None, run_id="blocker")
-        wait_for(lambda: client.get_run("blocker").status == "parked", timeout=120,
-                 what="the blocked run parked")  # fmt: skip
+        wait_for(
+            lambda: client.get_run("blocker").status == "parked",
+            timeout=120,
+            what="the blocked run parked",
+        )
         assert "blocked in a call that never returned" in client.get_run("blocker").reason
         client.start("three_steps", 1, run_id="after")
         assert client.result("after", timeout=60) == 4

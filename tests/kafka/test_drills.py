@@ -2,9 +2,9 @@
 prove with the journal audit that nothing was lost, duplicated or left behind.
 
 Each drill ends with ``audit(..., expect_finished=True)`` reporting no violation and an
-exact account of step-body executions from the step log: every tick of every run ran at
-least once, and a body ran more than once only for a (run, seq) that has RunRecovered
-facts (its first attempt was in flight in a killed process), at most once per recovery.
+exact account of step-body executions (`kit.check_ticks`): every tick of every run ran,
+the journal recorded exactly one of its executions, none ran after that one (no committed
+step ran again), and within one process a tick ran again only after its recovery.
 
 - instance churn: 3 engine instances; runs of ``sleepy`` (1 s durable sleep) start at a
   steady rate while every 10 s one instance is SIGKILLed and restarted on its state dir;
@@ -48,12 +48,13 @@ from runstream.topics.watchdog import EXIT_ABANDONED, EXIT_HUNG
 from .kit import (
     PARTITIONS,
     SteadyStarts,
+    check_ticks,
     journal_ends,
     kill,
     projection_copies,
+    read_topic,
     results,
     spawn_worker,
-    step_executions,
     terminate,
     wait_for,
 )
@@ -65,7 +66,6 @@ CHURN_RUNS = 1000 if FULL else 300
 CHURN_SECONDS = 60 if FULL else 30
 KILL_EVERY = 10  # seconds between two SIGKILLs
 INSTANCES = ("e0", "e1", "e2")
-TICK_SEQ = {1: 1, 2: 3, 3: 4}  # tick n of workflow `sleepy` is this sequence number
 # Once the load and the hit are over, every run settles within seconds on a healthy engine;
 # waiting much longer only delays the report of a stuck one.
 SETTLE_TIMEOUT = 60
@@ -95,21 +95,8 @@ def _client(ns: str, bootstrap: str) -> runstream.Client | None:
         return None
 
 
-def _check_steps(log, report: AuditReport, run_ids: list[str]) -> str:
-    """Every tick body ran; one that ran again belongs to a recovered (run, seq)."""
-    bodies = step_executions(log)
-    assert set(bodies) == {(run, n) for run in run_ids for n in TICK_SEQ}
-    again = {(run, n): times - 1 for (run, n), times in bodies.items() if times > 1}
-    unexplained = {
-        key: extra
-        for key, extra in again.items()
-        if extra > report.recovered[key[0], TICK_SEQ[key[1]]]
-    }
-    assert not unexplained, f"step bodies re-ran more often than they were recovered: {unexplained}"
-    return (
-        f"{sum(bodies.values())} step bodies ran for {len(bodies)} steps: {len(again)} ran again "
-        f"after a recovery ({report.recovered.total()} recoveries in the journal)"
-    )
+def _journal(bootstrap: str, ns: str) -> list:
+    return read_topic(bootstrap, f"{ns}.journal", timeout=60)
 
 
 def _assert_clean(report: AuditReport) -> None:
@@ -168,7 +155,7 @@ def test_instance_churn_loses_and_duplicates_nothing(churned, kafka_bootstrap):
     assert set(churned.exits.values()) == {0}, f"see the logs in {churned.root}: {churned.exits}"
     print(
         f"\nchurn audit: {report.facts} facts; "
-        + _check_steps(churned.log, report, churned.run_ids)
+        + check_ticks(churned.log, _journal(kafka_bootstrap, churned.ns), churned.run_ids)
     )
 
 
@@ -261,6 +248,7 @@ def _drill_under_load(
         client.close()
         exits = [_stop(proc) for proc in procs]  # 0: alive, and stopped cleanly on SIGTERM
     report = audit(bootstrap, ns, expect_finished=True)
+    journal = _journal(bootstrap, ns)  # read now: the caller may stop its private broker
     summary = (
         f"{load.undelivered or 'every start delivered'}; "
         f"{runs} runs started over {seconds}s; {what} at {hit_at}s, back after "
@@ -268,14 +256,20 @@ def _drill_under_load(
         f"exited {exits}"
     )
     return SimpleNamespace(
-        outputs=outputs, report=report, log=log, run_ids=run_ids, exits=exits, summary=summary
+        outputs=outputs,
+        report=report,
+        journal=journal,
+        log=log,
+        run_ids=run_ids,
+        exits=exits,
+        summary=summary,
     )
 
 
 def _assert_drill(d: SimpleNamespace, tmp_path) -> str:
     assert not _unfinished(d.outputs), d.summary
     _assert_clean(d.report)
-    steps = _check_steps(d.log, d.report, d.run_ids)
+    steps = check_ticks(d.log, d.journal, d.run_ids)
     # 0: stopped cleanly on SIGTERM. EXIT_HUNG: the watchdog ended a transactional call
     # librdkafka was stuck in (the hang these drills exist for); EXIT_ABANDONED: SIGTERM
     # came while it was stuck, and the instance stopped without waiting for it.
@@ -321,8 +315,10 @@ def test_broker_sigkilled_for_30s_under_load(tmp_path):
         drill = _broker_drill(bootstrap, ns, tmp_path, restart_broker)
     finally:
         kafka.stop()
-    lines = {name: _lines_between(tmp_path / f"{name}.log", outage[0], outage[1] + 10)
-             for name in ("e0", "e1")}  # fmt: skip
+    lines = {
+        name: _lines_between(tmp_path / f"{name}.log", outage[0], outage[1] + 10)
+        for name in ("e0", "e1")
+    }
     print(f"\nbroker outage: {drill.summary}; log lines during the outage {lines}")
     print("broker outage audit: " + _assert_drill(drill, tmp_path))
     assert all(n <= 60 for n in lines.values()), lines

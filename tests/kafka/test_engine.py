@@ -86,11 +86,11 @@ def test_signal_sent_before_the_wait_is_buffered(engine, kafka_bootstrap, ns):
     client.signal("early", "approve", "bob", signal_id="sig-1")  # before the wait: buffered
     client.signal("early", "approve", "bob-again", signal_id="sig-1")  # a retry: counted once
     assert client.result("early", timeout=60) == {"approved_by": "bob"}
-    facts = [(n, r) for n, r, _ in read_topic(kafka_bootstrap, f"{ns}.journal")
-             if r["run_id"] == "early"]  # fmt: skip
+    facts = [
+        (n, r) for n, r, _ in read_topic(kafka_bootstrap, f"{ns}.journal") if r["run_id"] == "early"
+    ]
     names = [n for n, _ in facts]
-    assert names.index("SignalBuffered") < names.index("TimerFired") < names.index(
-        "SignalReceived")  # fmt: skip
+    assert names.index("SignalBuffered") < names.index("TimerFired") < names.index("SignalReceived")
     assert names.count("SignalBuffered") == 1 and "SignalAwaited" not in names
     dlq = read_topic(kafka_bootstrap, f"{ns}.dlq")
     assert [(r["code"], r["reason"]) for _, r, _ in dlq] == [
@@ -99,8 +99,10 @@ def test_signal_sent_before_the_wait_is_buffered(engine, kafka_bootstrap, ns):
 
 
 def _sleeping(bootstrap: str, ns: str, run_id: str) -> bool:
-    return any(r["run_id"] == run_id and (r["reason"] or "").startswith("sleeping")
-               for _, r, _ in read_topic(bootstrap, f"{ns}.lifecycle", timeout=2))  # fmt: skip
+    return any(
+        r["run_id"] == run_id and (r["reason"] or "").startswith("sleeping")
+        for _, r, _ in read_topic(bootstrap, f"{ns}.lifecycle", timeout=2)
+    )
 
 
 def test_result_of_a_rejected_or_unknown_run_raises_at_once(engine):

@@ -24,8 +24,13 @@ NEAR_LIMIT = 990_000  # Kafka takes it (1 MiB); the engine's payload limit is sm
 
 def _raw_producer(bootstrap: str) -> Producer:
     """A producer that knows nothing of Runstream's limits (but Kafka's partitioner)."""
-    return Producer({**client_config(bootstrap), "partitioner": "murmur2_random",
-                     "message.max.bytes": 1_048_000})  # fmt: skip
+    return Producer(
+        {
+            **client_config(bootstrap),
+            "partitioner": "murmur2_random",
+            "message.max.bytes": 1_048_000,
+        }
+    )
 
 
 def test_payloads_too_large_get_their_outcome_and_the_instance_carries_on(
@@ -37,8 +42,9 @@ def test_payloads_too_large_get_their_outcome_and_the_instance_carries_on(
 
     def produce(cmd) -> None:
         key = cmd.run_id.encode()
-        raw.produce(f"{ns}.commands", codec.encode(cmd), key,
-                    partition=partition_for(key, PARTITIONS))  # fmt: skip
+        raw.produce(
+            f"{ns}.commands", codec.encode(cmd), key, partition=partition_for(key, PARTITIONS)
+        )
         assert raw.flush(30) == 0
 
     try:
@@ -65,11 +71,15 @@ def test_payloads_too_large_get_their_outcome_and_the_instance_carries_on(
         client.close()
         worker.stop()
     assert worker.worker.stats["aborted"] == 0  # no transaction ever carried an oversize record
-    letters = {r["run_id"]: (r["code"], r["value"]) for _, r, _ in read_topic(
-        kafka_bootstrap, f"{ns}.dlq")}  # fmt: skip
+    letters = {
+        r["run_id"]: (r["code"], r["value"]) for _, r, _ in read_topic(kafka_bootstrap, f"{ns}.dlq")
+    }
     assert letters == {"near": ("oversize", None), "waits": ("oversize", None)}
-    failed = [r for n, r, _ in read_topic(kafka_bootstrap, f"{ns}.journal")
-              if n == "StepFailed" and r["run_id"] == "big-step"]  # fmt: skip
+    failed = [
+        r
+        for n, r, _ in read_topic(kafka_bootstrap, f"{ns}.journal")
+        if n == "StepFailed" and r["run_id"] == "big-step"
+    ]
     assert len(failed) == 1 and failed[0]["retry_at_ms"] is None  # not retried
 
 

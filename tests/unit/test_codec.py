@@ -96,12 +96,23 @@ FIELDS = {
         "tags",
         "sent_at_ms",
         "continued_from",
+        "reply_to",
+        "request_id",
     ],
     "Signal": ["run_id", "name", "payload", "signal_id", "sent_at_ms"],
     "Cancel": ["run_id", "compensate", "reason", "sent_at_ms"],
     "StepResult": ["run_id", "seq", "attempt", "ok", "output", "error", "traceback", "attempt_id"],
-    "Query": ["run_id", "request_id", "reply_to"],
-    "RunStarted": [*_FACT, "workflow", "version", "input", "parent_run_id", "tags"],
+    "Query": ["run_id", "request_id", "reply_to", "wait"],
+    "RunStarted": [
+        *_FACT,
+        "workflow",
+        "version",
+        "input",
+        "parent_run_id",
+        "tags",
+        "reply_to",
+        "request_id",
+    ],
     "RunRejected": [*_FACT, "workflow", "code", "reason"],
     "StepStarted": [*_FACT, "seq", "name", "attempt", "attempt_id", "isolated"],
     "StepCompleted": [*_FACT, "seq", "name", "output", "attempt", "duration_ms"],
@@ -218,6 +229,8 @@ def test_start_run_fields_are_the_documented_ones() -> None:
         "tags",
         "sent_at_ms",
         "continued_from",
+        "reply_to",
+        "request_id",
     ]
     assert fields["input"]["type"] == "bytes"
     assert fields["tags"]["default"] == {} and fields["sent_at_ms"]["default"] == 0
@@ -484,6 +497,8 @@ def test_older_writer_schema_is_resolved_into_current() -> None:
         "tags": {},
         "sent_at_ms": 0,
         "continued_from": None,
+        "reply_to": None,
+        "request_id": "",
     }
     # the current schema stays the one used to encode
     assert codec.encode_raw("StartRun", record)[2:10] == codec.fingerprint("StartRun")
@@ -546,3 +561,39 @@ def test_records_of_every_shipped_older_version_decode_into_todays_types(filenam
     for f in new_fields:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         assert getattr(decoded, f.name) == default
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_compiled_writer_writes_exactly_what_fastavro_writes(codec: Codec, name: str) -> None:
+    schema = SHIPPED[f"runstream.{name}.avsc"]
+    cls = RECORDS[name]
+    assert name in codec._writers, "every shipped schema gets a compiled writer"
+    samples = [full_record(schema), {**minimal_record(schema)}]
+    for f in schema["fields"]:  # optional values set and unset, maps empty and not
+        if isinstance(f["type"], list):
+            samples.append({**full_record(schema), f["name"]: None})
+        if isinstance(f["type"], dict):
+            samples.append({**full_record(schema), f["name"]: {}})
+    for values in samples:
+        record = cls(**values)
+        fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+        assert codec.encode(record) == codec.encode_raw(name, fields), values
+
+
+def test_the_compiled_writer_handles_every_width_of_number() -> None:
+    from runstream.schemas.writer import varint
+
+    def fastavro_long(n: int) -> bytes:
+        buf = BytesIO()
+        schemaless_writer(buf, parse_schema("long"), n)
+        return buf.getvalue()
+
+    for n in (0, 1, -1, 63, 64, -64, -65, 127, 128, 2**31, -(2**31), 2**62, -(2**63), 2**63 - 1):
+        assert varint(n) == fastavro_long(n), n
+
+
+def test_a_value_of_the_wrong_type_still_fails_with_fastavros_explanation(codec: Codec) -> None:
+    from runstream.schemas.records import StepStarted
+
+    with pytest.raises(SchemaError, match="cannot encode StepStarted"):
+        codec.encode(StepStarted("r", 0, "not an int", "name", 1))  # type: ignore[arg-type]

@@ -316,9 +316,33 @@ def test_recorded_values_are_stable_across_replays():
 
     core = Core(registry(wf))
     core.start("r", "wf")
+    core.decider.forget(["r"])  # as after a restart: the next activation replays from start
     core.advance(1)
     assert len(seen) == 2 and seen[0] == seen[1]
     assert payload.loads(core.state("r").output) == seen[0]
+
+
+def test_a_suspended_run_resumes_without_replaying_its_history():
+    started = Counter()
+
+    async def long(ctx, n: int) -> int:
+        started["runs"] += 1  # once per replay from the start
+        total = 0
+        for _ in range(n):
+            total = await ctx.step(add_one, total)
+        return total
+
+    core = Core(registry(long))
+    core.start("l", "long", 50)
+    assert payload.loads(core.state("l").output) == 50
+    assert started["runs"] == 1  # 51 activations, one coroutine
+
+    core.auto_run_steps = False
+    core.start("m", "long", 2)
+    core.decider.forget(["m"])  # its coroutine is gone: replayed, with the same results
+    core.run_step(core.queued.pop())
+    core.run_step(core.queued.pop())
+    assert payload.loads(core.state("m").output) == 2 and started["runs"] == 3
 
 
 def test_recovery_reruns_an_interrupted_step_alone_then_goes_dead():

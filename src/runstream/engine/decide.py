@@ -19,10 +19,11 @@ recoveries) goes through the same guard.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from runstream.engine.limits import Limits
 from runstream.engine.partitioner import partition_for
+from runstream.engine.reducer import apply
 from runstream.engine.rules import Activation, Rejected, Rules
 from runstream.engine.state import RunState
 from runstream.engine.work import (
@@ -33,6 +34,7 @@ from runstream.engine.work import (
     Resume,
     StepOutcome,
     TimerDue,
+    Waiter,
     Work,
 )
 from runstream.engine.workflow import Registry
@@ -82,41 +84,43 @@ class Decider:
         self.codec = codec or Codec.default()
         self.rules = Rules(registry, self.limits, journal_topic, max_recovery_attempts, activation)
 
-    def handle(self, b: Batch, work: Work) -> None:
-        """Decide ``work`` into ``b``. Never raises."""
+    def handle(self, b: Batch, work: Work) -> str | None:
+        """Decide ``work`` into ``b``; the run it was about (None for a record set aside
+        before it named one, or forwarded). Never raises."""
         rules = self.rules
         match work:
             case LogRecord():
-                self._record(b, work)
+                return self._record(b, work)
             case StepOutcome():
-                self._decide(
-                    b, work.partition, work.run_id, lambda st: rules.step_outcome(b, st, work)
-                )
+                decision = lambda st: rules.step_outcome(b, st, work)  # noqa: E731
             case TimerDue():
-                self._decide(
-                    b, work.partition, work.run_id, lambda st: rules.timer_due(b, st, work.seq)
-                )
+                decision = lambda st: rules.timer_due(b, st, work.seq)  # noqa: E731
             case Recover():
-                self._decide(b, work.partition, work.run_id, lambda st: rules.recover(b, st))
+                decision = lambda st: rules.recover(b, st)  # noqa: E731
             case Resume():
-                self._decide(b, work.partition, work.run_id, lambda st: rules.resume(b, st))
+                decision = lambda st: rules.resume(b, st)  # noqa: E731
+        self._decide(b, work.partition, work.run_id, decision)
+        return work.run_id
 
     # -- commands ------------------------------------------------------------------
-    def _record(self, b: Batch, rec: LogRecord) -> None:
+    def _record(self, b: Batch, rec: LogRecord) -> str | None:
         b.consume(rec)
         value = rec.value or b""
         try:
             cmd = self.codec.decode(value)
         except DecodeError as exc:
-            return self._dead_letter(b, rec, Reason.UNDECODABLE, f"undecodable record ({exc})")
+            self._dead_letter(b, rec, Reason.UNDECODABLE, f"undecodable record ({exc})")
+            return None
         if not isinstance(cmd, Command):
-            return self._dead_letter(b, rec, Reason.NOT_A_COMMAND, f"{cmd.AVRO} is not a command")
+            self._dead_letter(b, rec, Reason.NOT_A_COMMAND, f"{cmd.AVRO} is not a command")
+            return None
         run_id = cmd.run_id
         start = isinstance(cmd, StartRun)
         continued_from = cmd.continued_from if isinstance(cmd, StartRun) else None
         problem = run_id_problem(run_id, new=start, continued_from=continued_from)
         if problem:
-            return self._dead_letter(b, rec, Reason.BAD_RUN_ID, problem)
+            self._dead_letter(b, rec, Reason.BAD_RUN_ID, problem)
+            return None
         home = partition_for(run_id.encode(), self.partitions)
         if home != rec.partition:  # a producer with another partitioner: route it home
             b.effects.forwards.append(Forward(home, rec.key, value))
@@ -128,10 +132,20 @@ class Decider:
             def refuse(_st: RunState) -> None:
                 raise reject
 
-            return self._decide(b, rec.partition, run_id, refuse, rec, cmd)
-        return self._decide(
-            b, rec.partition, run_id, lambda st: self._dispatch(b, st, cmd), rec, cmd
-        )
+            self._decide(b, rec.partition, run_id, refuse, rec, cmd)
+        else:
+            self._decide(b, rec.partition, run_id, lambda st: self._dispatch(b, st, cmd), rec, cmd)
+        if isinstance(cmd, StartRun) and cmd.reply_to:  # whatever the start came to
+            run = b.runs.get(run_id)
+            if run is None or run.after.request_id != cmd.request_id:  # not in RunStarted
+                b.effects.waiters.append(
+                    Waiter(rec.partition, run_id, cmd.reply_to, cmd.request_id)
+                )
+        return run_id
+
+    def forget(self, run_ids: Iterable[str]) -> None:
+        """The shell dropped these runs' uncommitted facts: never resume ahead of them."""
+        self.rules.replayer.forget(run_ids)
 
     def _dispatch(self, b: Batch, st: RunState, cmd: Command) -> None:
         rules = self.rules
@@ -159,26 +173,32 @@ class Decider:
     ) -> None:
         """Run one decision; if it refuses or fails, undo its effects and dead-letter it."""
         st = b.state(p, run_id)
-        mark, snapshot = b.effects.mark(), st.copy()
+        mark = b.effects.mark()
         try:
             decision(st)
         except Rejected as exc:
-            self._undo(b, run_id, mark, snapshot)
+            st = self._undo(b, run_id, mark)
             self._dead_letter(b, cause, exc.code, exc.reason, run_id, p)
-            if isinstance(cmd, StartRun) and not snapshot.exists:
-                st = b.state(p, run_id)
+            if isinstance(cmd, StartRun) and not st.exists:
                 rejected = RunRejected(run_id, b.now, cmd.workflow[:1024], exc.code, exc.reason)
                 self.rules.emit(b, st, rejected)
         except Exception as exc:  # a bug must not block the partition: set the cause aside
             log.exception("decision failed for run %s", run_id)
-            self._undo(b, run_id, mark, snapshot)
+            self._undo(b, run_id, mark)
             reason = self.limits.clip(f"internal error: {exc!r}")
             self._dead_letter(b, cause, Reason.INTERNAL, reason, run_id, p)
 
-    @staticmethod
-    def _undo(b: Batch, run_id: str, mark: tuple[int, ...], snapshot: RunState) -> None:
+    def _undo(self, b: Batch, run_id: str, mark: tuple[int, ...]) -> RunState:
+        """Drop the effects since ``mark``, and rebuild the run's working copy from its
+        committed state and its facts before the mark (no copy on the happy path)."""
         b.effects.rollback(mark)
-        b.runs[run_id].after = snapshot
+        self.rules.replayer.forget([run_id])  # its coroutine may be ahead now
+        w = b.runs[run_id]
+        w.after = w.before.copy()
+        for fact in b.effects.facts:
+            if fact.run_id == run_id:
+                apply(w.after, fact)
+        return w.after
 
     def _dead_letter(
         self,

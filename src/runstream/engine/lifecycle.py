@@ -5,8 +5,8 @@ Documented in the README as a contract; the record is LifecycleEvent.avsc.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
 from runstream.engine.state import RunState
 from runstream.schemas.records import (
@@ -31,47 +31,43 @@ from runstream.schemas.records import (
 def event(fact: Fact, state: RunState) -> LifecycleEvent | None:
     """The lifecycle event for ``fact`` (already applied to ``state``), or None."""
 
-    base = LifecycleEvent("", state.run_id, fact.at_ms, state.workflow, state.version, state.status)
+    def ev(kind: Kind, **fields: Any) -> LifecycleEvent:  # (hot path: no dataclasses.replace)
+        return LifecycleEvent(
+            kind, state.run_id, fact.at_ms, state.workflow, state.version, state.status, **fields
+        )
 
     run_time = fact.at_ms - state.started_at_ms
     match fact:
         case RunStarted():
-            return replace(base, type=Kind.RUN_STARTED)
+            return ev(Kind.RUN_STARTED)
         case StepStarted(seq=seq, name=name, attempt=attempt):
-            return replace(base, type=Kind.STEP_STARTED, seq=seq, step=name, attempt=attempt)
+            return ev(Kind.STEP_STARTED, seq=seq, step=name, attempt=attempt)
         case StepCompleted(seq=seq, name=name, attempt=attempt, duration_ms=ms):
-            return replace(
-                base, type=Kind.STEP_COMPLETED, seq=seq, step=name, attempt=attempt, duration_ms=ms
-            )
+            return ev(Kind.STEP_COMPLETED, seq=seq, step=name, attempt=attempt, duration_ms=ms)
         case StepFailed(seq=seq, name=name, attempt=attempt, error=error):
-            return replace(
-                base, type=Kind.STEP_FAILED, seq=seq, step=name, attempt=attempt, error=error
-            )
+            return ev(Kind.STEP_FAILED, seq=seq, step=name, attempt=attempt, error=error)
         case TimerScheduled(seq=seq, due_ms=due):
             until = datetime.fromtimestamp(due / 1000, UTC).isoformat(timespec="milliseconds")
-            return replace(base, type=Kind.RUN_SUSPENDED, seq=seq, reason=f"sleeping until {until}")
+            return ev(Kind.RUN_SUSPENDED, seq=seq, reason=f"sleeping until {until}")
         case SignalAwaited(seq=seq, name=name):
-            return replace(
-                base, type=Kind.RUN_SUSPENDED, seq=seq, reason=f"waiting for signal {name!r}"
-            )
+            return ev(Kind.RUN_SUSPENDED, seq=seq, reason=f"waiting for signal {name!r}")
         case RunParked(reason=reason):
-            return replace(base, type=Kind.RUN_SUSPENDED, reason=reason)
+            return ev(Kind.RUN_SUSPENDED, reason=reason)
         case RunCompleted(output=output, continued_as=successor):
             because = f"continued as {successor}" if successor else None
-            return replace(
-                base,
-                type=Kind.RUN_COMPLETED,
+            return ev(
+                Kind.RUN_COMPLETED,
                 duration_ms=run_time,
                 output=output,
                 reason=because,
                 continued_as=successor,
             )
         case RunFailed(error=error):
-            return replace(base, type=Kind.RUN_FAILED, duration_ms=run_time, error=error)
+            return ev(Kind.RUN_FAILED, duration_ms=run_time, error=error)
         case RunCancelled(reason=reason):
-            return replace(base, type=Kind.RUN_CANCELLED, duration_ms=run_time, reason=reason)
+            return ev(Kind.RUN_CANCELLED, duration_ms=run_time, reason=reason)
         case RunDead(reason=reason):
-            return replace(base, type=Kind.RUN_DEAD, duration_ms=run_time, reason=reason)
+            return ev(Kind.RUN_DEAD, duration_ms=run_time, reason=reason)
         case RunRejected(code=code, reason=reason):
-            return replace(base, type=Kind.RUN_REJECTED, reason=reason, code=code)
+            return ev(Kind.RUN_REJECTED, reason=reason, code=code)
     return None

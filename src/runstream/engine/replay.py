@@ -3,8 +3,10 @@
 Each durable call on the `Context` takes the next sequence number. If the history
 settled that number, the call returns the recorded result without doing anything;
 the first call without a recorded result suspends the workflow by yielding a
-request out of the coroutine, which the driver then closes. Nothing is cached
-between replays: correctness never depends on keeping coroutines alive.
+request out of the coroutine. `replay` runs the code from the start and closes it;
+`Replayer` keeps suspended coroutines of recently active runs and resumes them once the
+history settles what they wait for, so a step costs the same however long the history
+is. Correctness never depends on that cache: a miss replays from the start.
 
 Whatever the workflow code raises, `replay` returns an outcome: user code cannot
 take the engine down, not even with ``SystemExit`` or ``KeyboardInterrupt``.
@@ -17,7 +19,8 @@ import os
 import random as _random
 import traceback
 import uuid as _uuid
-from collections.abc import Callable, Generator
+from collections import OrderedDict
+from collections.abc import Callable, Coroutine, Generator, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -133,9 +136,8 @@ class _Suspend:
     def __init__(self, request: Request) -> None:
         self.request = request
 
-    def __await__(self) -> Generator[_Suspend, None, Any]:
-        yield self
-        raise RuntimeError("a suspended workflow cannot be resumed")  # the driver closes it
+    def __await__(self) -> Generator[_Suspend, None, None]:
+        yield self  # resumed (by a Replayer) once the history may settle the request
 
 
 def _op(fact: SeqFact) -> str:
@@ -184,10 +186,11 @@ class Context:
         sd = self._registry.step(fn)
         seq = self._next()
         fact = self._recorded(seq, "step " + sd.name)
-        if not isinstance(fact, StepCompleted | StepFailed) or (
+        while not isinstance(fact, StepCompleted | StepFailed) or (
             isinstance(fact, StepFailed) and fact.retry_at_ms is not None
         ):
             await _Suspend(StepCall(seq, sd, args))
+            fact = self._recorded(seq, "step " + sd.name)  # resumed: settled now?
         if isinstance(fact, StepFailed):
             raise StepError(sd.name, fact.error)
         assert isinstance(fact, StepCompleted)
@@ -200,7 +203,7 @@ class Context:
         """Sleep durably: seconds, or a string such as "5s", "10m", "1d"."""
         secs = seconds(duration)
         seq = self._next()
-        if not isinstance(self._recorded(seq, "sleep"), TimerFired):
+        while not isinstance(self._recorded(seq, "sleep"), TimerFired):
             await _Suspend(SleepCall(seq, secs))
 
     async def wait_for_signal(self, name: str, timeout: float | str | None = None) -> Any:
@@ -209,8 +212,9 @@ class Context:
         secs = None if timeout is None else seconds(timeout)
         seq = self._next()
         fact = self._recorded(seq, "signal " + name)
-        if not isinstance(fact, SignalReceived | SignalTimedOut):
+        while not isinstance(fact, SignalReceived | SignalTimedOut):
             await _Suspend(SignalWait(seq, name, secs))
+            fact = self._recorded(seq, "signal " + name)
         if isinstance(fact, SignalTimedOut):
             raise SignalTimeout(f"no signal {name!r} for run {self.run_id!r} within {timeout}")
         assert isinstance(fact, SignalReceived)
@@ -264,44 +268,117 @@ def replay(
     now_ms: int,
     guard: AbstractContextManager[None] | None = None,
 ) -> Replay:
-    """Run ``wf`` against ``state``'s history until it ends or suspends. Never raises.
+    """Run ``wf`` against ``state``'s history from the start until it ends or suspends,
+    then close it. Never raises. ``guard`` brackets the workflow code (the shell's time
+    budget, `engine.budget`)."""
+    live = _Live(wf, Context(state, registry, now_ms))
+    result = live.run(state, now_ms, guard)
+    live.close()
+    return result
 
-    ``guard`` brackets the workflow code (the shell's time budget, `engine.budget`).
+
+class Replayer:
+    """Replays runs, resuming the suspended coroutines of up to ``size`` recent runs.
+
+    A coroutine is resumed only for the state it suspended in, or a later one of the same
+    history; the shell calls `forget` for runs whose uncommitted facts it drops (an
+    aborted transaction, a revoked partition), so a coroutine is never ahead of its run.
     """
-    ctx = Context(state, registry, now_ms)
-    try:
-        with guard if guard is not None else contextlib.nullcontext():
-            outcome = _drive(wf, state, ctx)
-    except Overrun:
-        outcome = Overran()
-    return Replay(outcome, ctx._new, ctx._compensations)
+
+    def __init__(self, registry: Registry, size: int = 1024) -> None:
+        self.registry, self.size = registry, size
+        self._live: OrderedDict[str, _Live] = OrderedDict()
+
+    def replay(
+        self,
+        wf: WorkflowDef,
+        state: RunState,
+        now_ms: int,
+        guard: AbstractContextManager[None] | None = None,
+    ) -> Replay:
+        """As `replay`, resuming the run's coroutine when it fits ``state``."""
+        live = self._live.pop(state.run_id, None)
+        if live is None or live.wf is not wf or state.facts < live.facts:
+            if live is not None:
+                live.close()
+            live = _Live(wf, Context(state, self.registry, now_ms))
+        result = live.run(state, now_ms, guard)
+        if isinstance(result.outcome, Blocked):
+            live.facts = state.facts + len(result.new_facts)
+            self._live[state.run_id] = live
+            if len(self._live) > self.size:
+                self._live.popitem(last=False)[1].close()
+        else:
+            live.close()
+        return result
+
+    def forget(self, run_ids: Iterable[str]) -> None:
+        """Drop the coroutines of these runs (their state went back)."""
+        for run_id in run_ids:
+            live = self._live.pop(run_id, None)
+            if live is not None:
+                live.close()
 
 
-def _drive(wf: WorkflowDef, state: RunState, ctx: Context) -> Outcome:
-    try:
-        coro = wf.call(ctx, wf.parse_input(payload.loads(state.input)))
-        yielded = coro.send(None)
-    except StopIteration as stop:
-        return _check_nothing_left(state, ctx) or Completed(stop.value)
-    except _Abort as abort:
-        return abort.outcome
-    except Overrun:
-        raise
-    except BaseException as exc:  # user code: SystemExit and KeyboardInterrupt included
-        return Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc())
-    try:
-        coro.close()  # runs the workflow's finally blocks
-    except Overrun:
-        raise
-    except BaseException:  # it awaited or raised in a finally block: let it be
-        pass
-    if isinstance(yielded, _Suspend):
-        return Blocked(yielded.request)
-    return Failed(
-        "TypeError: a workflow may only await Runstream operations "
-        f"(ctx.step, ctx.sleep, ctx.wait_for_signal), not {yielded!r}",
-        "",
-    )
+class _Live:
+    """A workflow's coroutine and context, started or suspended."""
+
+    __slots__ = ("coro", "ctx", "facts", "wf")
+
+    def __init__(self, wf: WorkflowDef, ctx: Context) -> None:
+        self.wf, self.ctx = wf, ctx
+        self.coro: Coroutine[Any, Any, Any] | None = None
+        self.facts = 0  # the run's facts when it suspended, its own new ones included
+
+    def run(
+        self, state: RunState, now_ms: int, guard: AbstractContextManager[None] | None
+    ) -> Replay:
+        ctx = self.ctx
+        ctx._state, ctx._now_ms, ctx._new = state, now_ms, []
+        try:
+            with guard if guard is not None else contextlib.nullcontext():
+                outcome = self._step(state)
+        except Overrun:
+            self.coro = None
+            outcome = Overran()
+        return Replay(outcome, ctx._new, list(ctx._compensations))
+
+    def _step(self, state: RunState) -> Outcome:
+        ctx = self.ctx
+        try:
+            if self.coro is None:
+                self.coro = self.wf.call(ctx, self.wf.parse_input(payload.loads(state.input)))
+            yielded = self.coro.send(None)
+        except StopIteration as stop:
+            self.coro = None
+            return _check_nothing_left(state, ctx) or Completed(stop.value)
+        except _Abort as abort:
+            self.coro = None
+            return abort.outcome
+        except Overrun:
+            raise
+        except BaseException as exc:  # user code: SystemExit and KeyboardInterrupt included
+            self.coro = None
+            return Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        if isinstance(yielded, _Suspend):
+            return Blocked(yielded.request)
+        self.close()
+        return Failed(
+            "TypeError: a workflow may only await Runstream operations "
+            f"(ctx.step, ctx.sleep, ctx.wait_for_signal), not {yielded!r}",
+            "",
+        )
+
+    def close(self) -> None:
+        """Close the coroutine (its finally blocks run; what they raise is ignored)."""
+        coro, self.coro = self.coro, None
+        if coro is not None:
+            try:
+                coro.close()
+            except Overrun:
+                raise
+            except BaseException:  # it awaited or raised in a finally block: let it be
+                pass
 
 
 def _check_nothing_left(state: RunState, ctx: Context) -> NonDeterministic | None:

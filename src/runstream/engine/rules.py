@@ -25,13 +25,14 @@ from runstream.engine.replay import (
     NonDeterministic,
     Overran,
     Replay,
+    Replayer,
     SignalWait,
     SleepCall,
     StepCall,
     replay,
 )
 from runstream.engine.state import RunState, Status
-from runstream.engine.work import Batch, StepJob, StepOutcome
+from runstream.engine.work import Batch, StepJob, StepOutcome, Waiter
 from runstream.engine.workflow import Registry, StepDef, WorkflowDef
 from runstream.errors import InvalidInput, WorkflowNotFound
 from runstream.schemas.records import (
@@ -92,6 +93,7 @@ class Rules:
         activation: Activation | None = None,
     ) -> None:
         self.registry = registry
+        self.replayer = Replayer(registry)
         self.journal_topic = journal_topic  # where a dead run's dead letter points
         self.limits = limits
         self.max_recovery_attempts = max_recovery_attempts
@@ -132,6 +134,8 @@ class Rules:
                 cmd.input,
                 cmd.parent_run_id,
                 dict(cmd.tags),
+                cmd.reply_to,
+                cmd.request_id,
             ),
         )
         self._advance(b, st)
@@ -200,7 +204,12 @@ class Rules:
         )
 
     def query(self, b: Batch, st: RunState, cmd: Query) -> None:
-        b.effects.replies.append((cmd.reply_to, self.run_info(st, cmd.request_id)))
+        """Answer now, or (``wait``) once the run ends: the shell keeps the question."""
+        if cmd.wait and st.exists and not st.terminal:
+            p = b.partition_of(st.run_id)
+            b.effects.waiters.append(Waiter(p, st.run_id, cmd.reply_to, cmd.request_id))
+        else:
+            b.effects.replies.append((cmd.reply_to, self.run_info(st, cmd.request_id)))
 
     def run_info(self, st: RunState, request_id: str) -> RunInfo:
         """What a Query learns about a run; never larger than a record may be."""
@@ -378,7 +387,7 @@ class Rules:
                 return
 
     def _replay(self, wf: WorkflowDef, st: RunState, now: int) -> Replay:
-        return replay(wf, st, self.registry, now, self.activation(st.run_id))
+        return self.replayer.replay(wf, st, now, self.activation(st.run_id))
 
     def _follow(self, b: Batch, st: RunState, result: Replay, relaunch: frozenset[int]) -> bool:
         """Record the consequence of one replay; True when the workflow can go further now."""
@@ -490,7 +499,8 @@ class Rules:
 
     def _compensations(self, b: Batch, st: RunState) -> list[Any]:
         wf = self.registry.get(st.workflow, st.version)
-        return self._replay(wf, st, b.now).compensations if wf else []
+        guard = self.activation(st.run_id)
+        return replay(wf, st, self.registry, b.now, guard).compensations if wf else []
 
     @staticmethod
     def _in_flight(st: RunState) -> bool:

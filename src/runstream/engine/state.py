@@ -52,6 +52,8 @@ class RunState:
     facts: int = 0  # facts applied: the next fact's index in the projection
     steps: int = 0  # StepCompleted facts
     started: bool = False  # has a RunStarted (a rejected start has only RunRejected)
+    reply_to: str | None = None  # the client its start asked to be told of its end
+    request_id: str = ""
 
     @property
     def exists(self) -> bool:

@@ -12,12 +12,18 @@ after a crash) runs alone: nothing else starts until it ends, so if the process 
 meanwhile, the run it belongs to is the one charged (see `Rules.recover`). While the
 shell has recoveries waiting, it sets `StepRunner.hold`: new attempts wait, the running
 ones drain, and the next recovery can start alone.
+
+`chain` runs the attempts a fresh batch starts before its transaction commits. If that
+commit aborts, the runner keeps what those attempts did (`StepRunner.keep`): the batch,
+redone, schedules the same attempts again, and they get the kept outcomes instead of
+running their bodies a second time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 import time
 import traceback
@@ -27,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from runstream.engine import payload
-from runstream.engine.work import StepJob, StepOutcome
+from runstream.engine.work import Attempt, Batch, StepJob, StepOutcome
 from runstream.errors import StepTimeout, TerminalStepError
 
 log = logging.getLogger("runstream.steps")
@@ -57,6 +63,7 @@ def execute(job: StepJob) -> StepOutcome:
             traceback=traceback.format_exc(),
             retryable=not isinstance(exc, final),
             duration_ms=_ms_since(started),
+            isolated=job.isolated,
         )
     return StepOutcome(
         job.partition,
@@ -66,6 +73,7 @@ def execute(job: StepJob) -> StepOutcome:
         True,
         output,
         duration_ms=_ms_since(started),
+        isolated=job.isolated,
     )
 
 
@@ -128,6 +136,10 @@ class StepRunner:
         self._alone = False  # an isolated attempt is running
         self._closed = False
         self._hold = False
+        # attempts that ran ahead of an aborted commit: their outcome (None: not yet
+        # known), and those of them scheduled again, whose outcome is due on arrival
+        self._kept: dict[Attempt, tuple[int, StepOutcome | None]] = {}
+        self._due: set[Attempt] = set()
 
     @property
     def hold(self) -> bool:
@@ -153,19 +165,44 @@ class StepRunner:
             return self._running + len(self._queued) + len(self._isolated)
 
     def submit(self, jobs: Iterable[StepJob]) -> None:
+        known: list[StepOutcome] = []
         with self._lock:
             for job in jobs:
-                (self._isolated if job.isolated else self._queued).append(job)
+                if job.key in self._kept:  # it ran ahead of an aborted commit
+                    outcome = self._kept[job.key][1]
+                    if outcome is None:
+                        self._due.add(job.key)
+                    else:
+                        del self._kept[job.key]
+                        known.append(outcome)
+                else:
+                    (self._isolated if job.isolated else self._queued).append(job)
             self._start_what_may()
+        for outcome in known:
+            self._done(outcome)
+
+    def keep(self, jobs: Iterable[StepJob], outcomes: Iterable[StepOutcome]) -> None:
+        """``jobs`` ran (or run) ahead of a commit that aborted, and ``outcomes`` are those
+        of them that ended: keep them for when the redone batch schedules them again.
+        The ones still running keep theirs when they end."""
+        with self._lock:
+            for job in jobs:
+                self._kept[job.key] = (job.partition, None)
+            for outcome in outcomes:
+                self._kept[outcome.key] = (outcome.partition, outcome)
 
     def forget(self, partitions: set[int]) -> int:
-        """Drop the queued (not yet started) attempts of ``partitions``; how many."""
+        """Drop the queued (not yet started) and kept attempts of ``partitions``; how many
+        queued ones."""
         with self._lock:
             before = len(self._queued) + len(self._isolated)
             for q in (self._queued, self._isolated):
                 kept = [j for j in q if j.partition not in partitions]
                 q.clear()
                 q.extend(kept)
+            for key in [k for k, (p, _) in self._kept.items() if p in partitions]:
+                del self._kept[key]
+                self._due.discard(key)
             return before - len(self._queued) - len(self._isolated)
 
     def close(self) -> None:
@@ -197,4 +234,60 @@ class StepRunner:
             if job.isolated:
                 self._alone = False
             self._start_what_may()
+            if job.key in self._kept:  # ran ahead of an aborted commit
+                if job.key not in self._due:
+                    self._kept[job.key] = (job.partition, outcome)
+                    return  # until the redone batch schedules it again
+                del self._kept[job.key]
+                self._due.discard(job.key)
         self._done(outcome)
+
+
+def chain(
+    b: Batch,
+    decide: Callable[[StepOutcome], str | None],
+    runner: StepRunner,
+    outcomes: queue.SimpleQueue[StepOutcome],
+    careful: set[str],
+    budget: float,
+    started: dict[Attempt, StepJob],
+    decided: list[StepOutcome],
+) -> None:
+    """Run the steps batch ``b`` starts now, before its transaction commits, and decide
+    their outcomes into it as they come, for up to ``budget`` seconds: a chain of quick
+    local steps, and the run's end, then commit in one transaction, not one per step.
+
+    Safe because nothing of it counts until the commit: a crash before it leaves no trace
+    and the steps run again (at least once, as always). A step that takes its process down
+    this way is caught on the next try, which is careful: runs touched by work a former
+    process may have seen (``careful``: old commands, timers, recoveries) and recoveries
+    themselves never run ahead of their commit. Fills in the attempts started here
+    (``started``) and the outcomes decided here (``decided``), also when a decision
+    raises: if the commit aborts, the shell keeps the first and requeues the others.
+    """
+
+    def launch(since: int = 0) -> set[Attempt]:
+        jobs = [
+            j
+            for j in b.effects.steps[since:]
+            if j.key not in started and not j.isolated and j.run_id not in careful
+        ]
+        started.update((j.key, j) for j in jobs)
+        runner.submit(jobs)
+        return {j.key for j in jobs}
+
+    if runner.hold:  # recoveries are waiting: nothing may start now
+        return
+    waiting, deadline = launch(), time.monotonic() + budget
+    while waiting:
+        try:
+            outcome = outcomes.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        decided.append(outcome)
+        waiting.discard(outcome.key)
+        known = len(b.effects.steps)  # a decision only appends (or undoes its own)
+        run_id = decide(outcome)
+        if outcome.isolated and run_id:
+            careful.add(run_id)  # a recovered run goes on one committed step at a time
+        waiting |= launch(min(known, len(b.effects.steps)))

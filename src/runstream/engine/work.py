@@ -16,6 +16,9 @@ from runstream.engine.state import RunState
 from runstream.engine.workflow import StepDef
 from runstream.schemas.records import DeadLetter, Fact, LifecycleEvent, RunInfo, StartRun
 
+#: One attempt of one step of a run: (run id, seq, attempt).
+Attempt = tuple[str, int, int]
+
 # -- work ------------------------------------------------------------------------------
 
 
@@ -46,6 +49,11 @@ class StepOutcome:
     traceback: str | None = None
     retryable: bool = True
     duration_ms: int = 0
+    isolated: bool = False  # the attempt ran alone (a recovery)
+
+    @property
+    def key(self) -> Attempt:
+        return self.run_id, self.seq, self.attempt
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +99,20 @@ class StepJob:
     args: tuple[Any, ...]
     isolated: bool = False  # a recovery: runs alone in the process (see engine.steps)
 
+    @property
+    def key(self) -> Attempt:
+        return self.run_id, self.seq, self.attempt
+
+
+@dataclass(frozen=True, slots=True)
+class Waiter:
+    """A client waits for the end of a run: answer it in the transaction that ends it."""
+
+    partition: int
+    run_id: str
+    reply_to: str
+    request_id: str
+
 
 @dataclass(frozen=True, slots=True)
 class Forward:
@@ -110,6 +132,7 @@ class Effects:
     steps: list[StepJob] = field(default_factory=list)
     commands: list[StartRun] = field(default_factory=list)  # to other runs
     replies: list[tuple[str, RunInfo]] = field(default_factory=list)  # (reply_to, answer)
+    waiters: list[Waiter] = field(default_factory=list)  # questions to answer at the end
     dead_letters: list[DeadLetter] = field(default_factory=list)
     forwards: list[Forward] = field(default_factory=list)
 
@@ -120,6 +143,7 @@ class Effects:
             self.steps,
             self.commands,
             self.replies,
+            self.waiters,
             self.dead_letters,
             self.forwards,
         )
@@ -184,5 +208,11 @@ class Batch:
     def empty(self) -> bool:
         fx = self.effects
         return not (
-            self.consumed or fx.facts or fx.replies or fx.dead_letters or fx.forwards or fx.commands
+            fx.waiters
+            or self.consumed
+            or fx.facts
+            or fx.replies
+            or fx.dead_letters
+            or fx.forwards
+            or fx.commands
         )

@@ -69,7 +69,7 @@ class PartitionStore:
     """The projection of one journal partition."""
 
     def __init__(
-        self, path: Path, codec: Codec, *, cache_size: int = 1024, read_only: bool = False
+        self, path: Path, codec: Codec, *, cache_size: int = 256, read_only: bool = False
     ) -> None:
         path.mkdir(parents=True, exist_ok=True)
         opts = Options(raw_mode=True)
@@ -101,8 +101,10 @@ class PartitionStore:
             self._cache.move_to_end(run_id)
             return state
         state = RunState(run_id)
-        for fact in self.facts(run_id):
-            apply(state, fact)
+        run = _run(run_id)
+        if self.db.get(_fact_key(run, 0)) is not None:  # a point lookup: new runs are common
+            for fact in self.facts(run_id):
+                apply(state, fact)
         self._remember(state)
         return state
 
@@ -163,6 +165,9 @@ class PartitionStore:
             gc.collect()  # rocksdict keeps the LOCK while any handle object is alive
 
     def _remember(self, state: RunState) -> None:
+        if state.terminal:  # rarely asked for again: read from RocksDB then
+            self._cache.pop(state.run_id, None)
+            return
         self._cache[state.run_id] = state
         self._cache.move_to_end(state.run_id)
         if len(self._cache) > self._cache_size:

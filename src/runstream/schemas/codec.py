@@ -39,6 +39,7 @@ from fastavro.validation import validate
 
 from runstream.errors import DecodeError, SchemaError
 from runstream.schemas.records import RECORDS, Record
+from runstream.schemas.writer import Writer, compile_writer
 
 __all__ = ["MAGIC", "Codec", "schema_fingerprint"]
 
@@ -130,6 +131,7 @@ class Codec:
     def __init__(self, schemas: Iterable[Mapping[str, Any] | str] | None = None) -> None:
         self._current: dict[str, _Schema] = {}  # short AND full name -> current schema
         self._by_fp: dict[bytes, _Writer] = {}
+        self._writers: dict[str, Writer] = {}  # compiled writers of the current schemas
         for schema in _shipped() if schemas is None else schemas:
             self.register(schema)
 
@@ -157,6 +159,11 @@ class Codec:
         if current is None:
             self._current[s.name] = self._current[s.fullname] = s
             self._by_fp[s.fingerprint] = _Writer(s.name, s.parsed, None)
+            cls = RECORDS.get(s.name)
+            fields = tuple(f["name"] for f in s.raw["fields"])
+            writer = compile_writer(s.raw, s.header)
+            if writer is not None and cls is not None and _FIELDS[cls] == fields:
+                self._writers[s.name] = writer
             return
         if current.fullname != s.fullname:
             raise SchemaError(
@@ -190,6 +197,12 @@ class Codec:
 
     def encode(self, record: Record) -> bytes:
         """Single-object encode a typed record (``runstream.schemas.records``)."""
+        writer = self._writers.get(record.AVRO)
+        if writer is not None:
+            try:
+                return writer(record)
+            except Exception:  # a value of the wrong type: let fastavro say which
+                pass
         values = _GETTERS[type(record)](record)
         return self.encode_raw(record.AVRO, dict(zip(_FIELDS[type(record)], values, strict=True)))
 

@@ -123,6 +123,8 @@ class StartRun(Record):
     tags: dict[str, str] = field(default_factory=dict)
     sent_at_ms: int = 0
     continued_from: str | None = None
+    reply_to: str | None = None  # answer this client once the run has ended
+    request_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +161,7 @@ class Query(Record):
     run_id: str
     request_id: str
     reply_to: str
+    wait: bool = False
 
 
 Command = StartRun | Signal | Cancel | StepResult | Query
@@ -177,6 +180,8 @@ class RunStarted(Record):
     input: bytes
     parent_run_id: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
+    reply_to: str | None = None
+    request_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

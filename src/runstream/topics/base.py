@@ -54,6 +54,10 @@ class EngineLog(Protocol):
 
     def committed(self, partitions: list[int]) -> dict[int, int]: ...
 
+    def end_offsets(self, partitions: list[int]) -> dict[int, int]:
+        """The end of each commands partition now: what a former owner may have read."""
+        ...
+
     def read_journal(
         self, start: Mapping[int, int], stopping: Callable[[], bool]
     ) -> Iterator[LogRecord]: ...

@@ -167,8 +167,10 @@ class KafkaLog:
                 "linger.ms": 1,
                 # Right after a commit the coordinator answers CONCURRENT_TRANSACTIONS until its
                 # markers are written; the default 100 ms retry backoff then costs ~100 ms per
-                # transaction (measured), 5 ms costs ~3 ms.
+                # transaction (measured), 5 ms costs ~3 ms. The backoff grows exponentially
+                # (to 1 s by default): cap it, or a few refusals in a row cost 70 ms.
                 "retry.backoff.ms": 5,
+                "retry.backoff.max.ms": 20,
                 "partitioner": "murmur2_random",
                 "on_delivery": self._delivered,
             }
@@ -264,6 +266,13 @@ class KafkaLog:
             out[tp.partition] = offset
         return out
 
+    def end_offsets(self, partitions: Iterable[int]) -> dict[int, int]:
+        with self.watchdog.watch("get_watermark_offsets", 45):
+            return {
+                tp.partition: int(self._consumer.get_watermark_offsets(tp, timeout=30)[1])
+                for tp in self._tps(partitions)
+            }
+
     def read_journal(
         self, start: Mapping[int, int], stopping: Callable[[], bool]
     ) -> Iterator[LogRecord]:
@@ -350,8 +359,11 @@ class KafkaLog:
     def close(self) -> None:
         """Leave (a dynamic member) and release every client. Never raises: it runs on the
         way out, often because of the error that is the real news (a fenced producer)."""
-        for what, close in (("consumer", self._consumer.close), ("restorer", self._restorer.close),
-                            ("producer", lambda: self._producer.flush(1))):  # fmt: skip
+        for what, close in (
+            ("consumer", self._consumer.close),
+            ("restorer", self._restorer.close),
+            ("producer", lambda: self._producer.flush(1)),
+        ):
             try:
                 close()  # the consumer's on_revoke releases the projections
             except KafkaException as exc:
@@ -431,6 +443,7 @@ class Listener:
     """A reader of given topic partitions from fixed offsets (the client's answers)."""
 
     def __init__(self, config: Config, group_id: str) -> None:
+        self._bootstrap = str(config["bootstrap.servers"])
         self._consumer = Consumer(
             {
                 **config,
@@ -443,14 +456,23 @@ class Listener:
 
     def end_offset(self, topic: str, partition: int) -> int:
         """The partition's end now: reading from there misses nothing produced later.
-        (Right after the topic was created its leader may not be known for a moment.)"""
+        (Right after the topic was created its leader may not be known for a moment.)
+
+        Raises:
+            KafkaUnavailable: no broker answers.
+        """
         tp = TopicPartition(topic, partition)
         for _ in range(20):
             try:
                 return int(self._consumer.get_watermark_offsets(tp, 10)[1])
             except KafkaException as exc:
-                if not exc.args[0].retriable() and exc.args[0].code() not in _LEADER_MOVES:
-                    raise KafkaFatal(f"reading the end of {topic}: {exc.args[0]}") from None
+                err = exc.args[0]
+                if err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
+                    raise KafkaUnavailable(
+                        self._bootstrap, f"reading the end of {topic}", last_error() or err.str()
+                    ) from None
+                if not err.retriable() and err.code() not in _LEADER_MOVES:
+                    raise KafkaFatal(f"reading the end of {topic}: {err}") from None
                 time.sleep(0.1)
         return OFFSET_END
 
