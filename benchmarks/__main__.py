@@ -18,7 +18,7 @@ from typing import Any
 
 # The harness (and with it runstream) is imported only when a workload runs, so that
 # `compare`, which only starts subprocesses, does not load the engine's code.
-WORKLOADS = ("floor", "W1", "W2", "W3", "W4", "W5", "W6", "W7")
+WORKLOADS = ("floor", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W9")
 
 
 def _functions() -> dict[str, Callable[..., Any]]:
@@ -33,6 +33,7 @@ def _functions() -> dict[str, Callable[..., Any]]:
         "W5": workloads.w5,
         "W6": workloads.w6,
         "W7": workloads.w7,
+        "W9": workloads.w9,
     }
 
 
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.warmup_seconds > 0:
             workloads.warm_broker(bench, args.warmup_seconds)
         for name in names:
+            bench.settle()  # the broker busy with the last workload's aftermath skews this one
             log(f"{name}: starting")
             try:
                 record, summary = functions[name](bench, args, _argv_for(argv, name))

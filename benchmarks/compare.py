@@ -282,6 +282,7 @@ def run_leg(
     label: str,
 ) -> dict[str, Any]:
     """Run one leg's command (stdout and stderr to ``log_path``), bounded in time."""
+    os.sync()  # every system starts with the last leg's dirty pages written back
     began, t0 = now_iso(), time.monotonic()
     log(f"{label}: {' '.join(shlex.quote(c) for c in cmd)} (in {cwd}; log {log_path})")
     timed_out = False

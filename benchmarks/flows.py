@@ -28,6 +28,15 @@ async def w1(ctx: runstream.Context, x: int) -> int:
 
 
 @app.workflow
+async def long(ctx: runstream.Context, n: int) -> int:
+    """W9: ``n`` sequential local steps, each adds one."""
+    x = 0
+    for _ in range(n):
+        x = await ctx.step(add_one, x)
+    return x
+
+
+@app.workflow
 async def wait_signal(ctx: runstream.Context) -> object:
     """W3: wait for signal "go", then complete with its payload."""
     return await ctx.wait_for_signal("go")

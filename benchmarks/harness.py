@@ -484,6 +484,29 @@ class Bench:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def settle(self, quiet_pct: float = 15.0, hold_s: float = 3.0, limit_s: float = 90.0) -> float:
+        """Wait until the broker JVM has used under ``quiet_pct`` of a core for ``hold_s``
+        seconds running (at most ``limit_s``); the seconds waited. After heavy load (the
+        warm-up, W2) the broker compacts its offsets and transaction logs and collects its
+        garbage for a while, and a latency measured meanwhile measures that instead."""
+        if self.kafka is None:
+            return 0.0
+        os.sync()  # write the last workload's dirty pages back now, not during the next one
+        procs = [psutil.Process(pid) for pid in self.kafka.pids]
+        began = quiet_since = time.monotonic()
+        last = sum(sum(p.cpu_times()[:2]) for p in procs)
+        while time.monotonic() - began < limit_s:
+            time.sleep(0.5)
+            now = sum(sum(p.cpu_times()[:2]) for p in procs)
+            busy, last = (now - last) / 0.5 * 100, now
+            if busy > quiet_pct:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= hold_s:
+                break
+        waited = time.monotonic() - began
+        log(f"broker settled after {waited:.1f}s")
+        return round(waited, 1)
+
     def close(self) -> None:
         self.stop_engines()
         if self.kafka is not None:

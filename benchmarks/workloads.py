@@ -865,3 +865,67 @@ def _short_timers(
         "timer_fact_seen_committed_late_ms": latency_stats(seen),
         "timer_run_completed_late_ms": latency_stats([float(x) for x in done_late]),
     }
+
+
+# ----------------------------------------------------------------- W9
+
+
+W9_SIZES = (500, 1000, 5000)
+
+
+def w9(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
+    """One run of N sequential local steps per size: the cost per step must not grow."""
+    sizes = (args.runs,) if args.runs else W9_SIZES
+    record = base_record(bench, "W9", "long history: one run of N sequential local steps", argv)
+    record["instances"] = 1
+    record["params"] = {
+        "sizes": list(sizes),
+        "repeat": args.repeat,
+        "workflow": "long: N sequential local steps (x + 1)",
+        "measure": "perf_counter before client.start('long', N) (wait=True) until "
+        "client.result() returned; each size on a fresh namespace and engine",
+    }
+    reps = []
+    for r in range(args.repeat):
+        for n in sizes:
+            ns = bench.namespace(f"W9-{n}", r)
+            _settings(record, bench, ns)
+            rep = _new_rep(ns, r) | {"steps": n}
+            reps.append(rep)
+            with engines(bench, ns, rep), runstream.Client(ns, bench.bootstrap) as client:
+                t0 = time.perf_counter()
+                rid = client.start("long", n)
+                out = client.result(rid, timeout=600)
+                took = time.perf_counter() - t0
+            rep.update(
+                total_s=round(took, 3),
+                steps_per_s=round(n / took, 1),
+                us_per_step=round(took / n * 1e6, 1),
+                wrong_result=out != n,
+            )
+            log(f"W9 repeat {r + 1}, {n} steps: {took:.2f} s, {n / took:.0f} steps/s")
+    _record_common(record, reps)
+    summary = {
+        str(n): {
+            k: spread(rep[k] for rep in reps if rep["steps"] == n)
+            for k in ("total_s", "steps_per_s", "us_per_step")
+        }
+        for n in sizes
+    }
+    first, last = summary[str(sizes[0])], summary[str(sizes[-1])]
+    if first["us_per_step"] and last["us_per_step"]:
+        summary["growth"] = {
+            "definition": f"us per step at {sizes[-1]} steps / at {sizes[0]} steps "
+            "(1: the cost per step does not grow with the history)",
+            "ratio": round(last["us_per_step"]["median"] / first["us_per_step"]["median"], 2),
+        }
+    record["summary"] = summary
+    record = finish_record(record)
+    line = "W9: " + "; ".join(
+        f"{n} steps {fmt_spread(summary[str(n)]['total_s'], ' s', 2)} "
+        f"({fmt_spread(summary[str(n)]['steps_per_s'], ' steps/s', 0)})"
+        for n in sizes
+    )
+    if "growth" in summary:
+        line += f"; cost per step x{summary['growth']['ratio']} from {sizes[0]} to {sizes[-1]}"
+    return record, line
