@@ -4,8 +4,10 @@ librdkafka can block in a transactional call forever when the group or transacti
 coordinator dies at the wrong moment (librdkafka issues 5456 and 5511). Nothing can
 cancel the call, and a hung instance sits on its partitions. Exiting is safe: nothing
 uncommitted counts, and the supervisor of `runstream worker` starts the instance again,
-which aborts the open transaction. A stop request (SIGTERM) shortens every deadline to
-`STOP_GRACE` seconds, so a stop never waits on a broker that is gone.
+which aborts the open transaction. After a stop request (SIGTERM) a call may block for
+`STOP_GRACE` seconds at most, counted from the later of its start and the request, so a
+stop never waits on a broker that is gone, and the transactions that record the steps
+still running at the stop each get the grace.
 
 Exit statuses (documented in the README):
 """
@@ -42,8 +44,8 @@ class Watchdog:
 
     def __init__(self, exit_on_hang: bool = True) -> None:
         self.exit_on_hang = exit_on_hang
-        self._blocked: tuple[str, float] | None = None  # what, deadline
-        self._stop_deadline: float | None = None
+        self._blocked: tuple[str, float, float] | None = None  # what, since, deadline
+        self._stopped_at: float | None = None
         self._thread: threading.Thread | None = None
 
     @contextlib.contextmanager
@@ -52,16 +54,17 @@ class Watchdog:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
             self._thread.start()
-        self._blocked = (what, time.monotonic() + limit)
+        now = time.monotonic()
+        self._blocked = (what, now, now + limit)
         try:
             yield
         finally:
             self._blocked = None
 
     def stop_requested(self) -> None:
-        """From now on, a blocked call gets `STOP_GRACE` seconds at most."""
-        if self._stop_deadline is None:
-            self._stop_deadline = time.monotonic() + STOP_GRACE
+        """From now on, a call gets `STOP_GRACE` seconds at most."""
+        if self._stopped_at is None:
+            self._stopped_at = time.monotonic()
 
     def _run(self) -> None:
         while True:
@@ -69,9 +72,9 @@ class Watchdog:
             blocked, now = self._blocked, time.monotonic()
             if blocked is None:
                 continue
-            what, deadline = blocked
-            stop = self._stop_deadline
-            if stop is not None and now > stop:
+            what, since, deadline = blocked
+            stopped_at = self._stopped_at
+            if stopped_at is not None and now - max(since, stopped_at) > STOP_GRACE:
                 self._exit(EXIT_ABANDONED, f"stopping: abandoned {what}, which did not return")
             elif now > deadline:
                 self._exit(EXIT_HUNG, f"{what} did not return; exiting so this instance restarts")

@@ -1,0 +1,38 @@
+"""The watchdog's deadlines (exit_on_hang off: it only says what it would do)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from runstream.topics import watchdog
+from runstream.topics.watchdog import Watchdog
+
+
+@pytest.fixture
+def short_grace(monkeypatch: pytest.MonkeyPatch) -> float:
+    monkeypatch.setattr(watchdog, "STOP_GRACE", 0.3)
+    return 0.3
+
+
+def test_a_call_blocked_past_the_stop_grace_is_abandoned(short_grace, caplog):
+    dog = Watchdog(exit_on_hang=False)
+    with caplog.at_level(logging.CRITICAL), dog.watch("commit_transaction", 45):
+        dog.stop_requested()
+        time.sleep(short_grace + 0.4)
+    assert "abandoned commit_transaction" in caplog.text
+
+
+def test_a_call_begun_after_the_stop_gets_its_own_grace(short_grace, caplog):
+    """Recording the steps still running at a stop takes transactions after the stop
+    request: each may take the grace, counted from its own start."""
+    dog = Watchdog(exit_on_hang=False)
+    dog.stop_requested()
+    time.sleep(short_grace + 0.2)
+    with caplog.at_level(logging.CRITICAL):
+        for _ in range(3):
+            with dog.watch("commit_transaction", 45):
+                time.sleep(short_grace / 2)
+    assert "abandoned" not in caplog.text
