@@ -72,7 +72,15 @@ class Settings(BaseSettings):
         10.0,
         ge=0,
         description="Seconds steps still running at a stop get to finish and be "
-        "recorded; a second SIGTERM/SIGINT stops at once.",
+        "recorded (the others are handed over, as at a rebalance); a second SIGTERM/SIGINT "
+        "stops at once.",
+    )
+    handover_timeout: float = Field(
+        5.0,
+        ge=0,
+        description="Seconds steps running on a partition that a rebalance moves away get "
+        "to finish and be recorded before the partition goes; a step still running then is "
+        "handed over and runs again on the next owner, charged as no recovery.",
     )
     chain_budget: float = Field(
         0.005,

@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,7 @@ from runstream.engine.waiters import Waiters
 from runstream.engine.work import (
     Attempt,
     Batch,
+    HandOver,
     LogRecord,
     Recover,
     Resume,
@@ -46,6 +48,7 @@ from runstream.errors import KafkaUnavailable
 from runstream.instance import STUCK, InstanceFiles
 from runstream.projections.store import PartitionStore, catch_up
 from runstream.schemas.codec import Codec
+from runstream.schemas.records import StepHandedOver
 from runstream.settings import Settings
 from runstream.supervisor import stop_on_signals
 from runstream.topics.base import EngineLog, TransactionAborted
@@ -95,6 +98,7 @@ class Worker:
         self._log = log
         self._decider: Decider | None = None
         self._owned: dict[int, _Owned] = {}
+        self._leaving: set[int] = set()  # owned partitions being handed over: start no steps
         self._to_restore: list[int] = []
         self._timers = TimerQueue()
         self._waiters = Waiters()
@@ -198,8 +202,10 @@ class Worker:
         self._to_restore.extend(partitions)
 
     def revoked(self, partitions: list[int], lost: bool) -> None:
-        """``partitions`` went to another instance: forget them (their steps in flight too;
-        the new owner recovers those runs)."""
+        """``partitions`` go to another instance. Revoked, not lost, they are handed over
+        first (`_hand_over`); then forgotten, with any step still running on them."""
+        if not lost and self._log is not None and not self._stopping.is_set():
+            self._hand_over(self._log, set(partitions), self.settings.handover_timeout)
         for p in partitions:
             owned = self._owned.pop(p, None)
             if owned is not None:
@@ -210,8 +216,53 @@ class Worker:
         self._waiters.drop(set(partitions))
         self._steps.forget(set(partitions))
         self._recovering = deque(r for r in self._recovering if r.partition not in partitions)
+        self._leaving -= set(partitions)
         log.info("partitions %s %s", sorted(partitions), "lost" if lost else "revoked")
         self._set_status(self.status)
+
+    def _hand_over(self, engine_log: EngineLog, partitions: set[int], timeout: float) -> None:
+        """Let ``partitions`` go as a deploy or a rebalance should, not as a crash: start
+        none of their steps anymore, give the running ones up to ``timeout`` seconds to end
+        and commit their outcomes, then record each step still open on them as handed over
+        (StepHandedOver), which the next owner starts again at once, charging nothing."""
+        partitions &= self._owned.keys()
+        if not partitions:
+            return
+        began_at = time.monotonic()
+        self._leaving |= partitions
+        self._timers.drop(partitions)  # the next owner arms them again
+        # Runs restored with a crashed step keep it as it is: the next owner recovers them.
+        crashed = {r.run_id for r in self._recovering if r.partition in partitions}
+        self._recovering = deque(r for r in self._recovering if r.partition not in partitions)
+        self._requeued = [w for w in self._requeued if w.partition not in partitions]
+        self._steps.forget(partitions)  # queued, not begun: handed over below
+        running = self._steps.began(partitions)
+        while (
+            self._steps.began(partitions)
+            and time.monotonic() - began_at < timeout
+            and not self._hurry.is_set()
+        ):
+            with contextlib.suppress(queue.Empty):
+                self._requeued.append(self._outcomes.get(timeout=0.05))
+            self._process(engine_log, [])
+        still = self._steps.began(partitions)
+        handovers = [
+            HandOver(p, run_id, frozenset(seq for r, seq, _ in still if r == run_id))
+            for p in sorted(partitions)
+            for run_id in self._owned[p].store.running()
+            if run_id not in crashed
+        ]
+        before = self.stats["handed_over"]
+        self._process(engine_log, [], then=handovers)
+        log.info(
+            "handover of partitions %s in %.2fs: %d running steps ended here, %d handed "
+            "over (%d of them had begun and run again on the next owner)",
+            sorted(partitions),
+            time.monotonic() - began_at,
+            len(running - still),
+            self.stats["handed_over"] - before,
+            len(still),
+        )
 
     def _restore_assigned(self, engine_log: EngineLog) -> None:
         """Catch every newly assigned partition up with its journal, all in one pass."""
@@ -237,7 +288,11 @@ class Worker:
             self._owned[p] = _Owned(store, positions[p], ends[p])
             for due, run_id, seq in store.timers():
                 self._timers.add(p, run_id, seq, due)
-            self._recovering.extend(Recover(p, r) for r in store.running())
+            crashed = store.running()
+            self._recovering.extend(Recover(p, r) for r in crashed)
+            # steps handed over (not crashed) start again at once, side by side
+            handed = set(store.handed_over()).difference(crashed)
+            self._requeued += [Recover(p, r) for r in sorted(handed)]
             self._requeued += [Resume(p, r) for r in store.parked()]
         engine_log.resume(partitions)
         log.info(
@@ -288,9 +343,13 @@ class Worker:
         items.extend(self._timers.pop_due(now, 5000))
         return items
 
-    def _process(self, engine_log: EngineLog, records: list[LogRecord]) -> None:
+    def _process(
+        self, engine_log: EngineLog, records: list[LogRecord], then: Sequence[Work] = ()
+    ) -> None:
+        """Decide ``records``, the internal work that is ready, and ``then``, in that order,
+        and commit what they decided in one transaction."""
         began, now = time.perf_counter(), int(time.time() * 1000)
-        items: list[Work] = [*records, *self._take_internal(now)]
+        items: list[Work] = [*records, *self._take_internal(now), *then]
         if not items:
             return
         assert self._decider is not None
@@ -304,7 +363,7 @@ class Worker:
                     run_id = decider.handle(b, item)
                     if run_id and not self._fresh(item):
                         careful.add(run_id)
-            if self.settings.chain_budget and not self._stopping.is_set():
+            if self.settings.chain_budget and not (self._stopping.is_set() or self._leaving):
                 chain(
                     b,
                     lambda o: decider.handle(b, o) if o.partition in self._owned else None,
@@ -388,6 +447,7 @@ class Worker:
         self.stats["transactions"] += 1
         self.stats["commands"] += sum(last - first + 1 for first, last in b.consumed.values())
         self.stats["facts"] += len(b.effects.facts)
+        self.stats["handed_over"] += sum(isinstance(f, StepHandedOver) for f in b.effects.facts)
         return encoded, ends
 
     def _next_offset(self, b: Batch, p: int) -> int:
@@ -415,19 +475,19 @@ class Worker:
         if self._parked and any(r in b.runs for r in self._parked):
             self._parked = {r: why for r, why in self._parked.items() if r not in b.runs}
             self._files.write_stuck(self._parked)
-        if not self._stopping.is_set():  # stopping: the next owner recovers them
-            self._steps.submit(j for j in b.effects.steps if j.key not in started)
+        if not self._stopping.is_set():  # stopping or leaving: they are handed over
+            self._steps.submit(
+                j
+                for j in b.effects.steps
+                if j.key not in started and j.partition not in self._leaving
+            )
 
     def _drain(self, engine_log: EngineLog) -> None:
-        """On stop: take no new commands, but record the steps still running."""
+        """On stop: take no new commands, and hand every partition over (`_hand_over`),
+        giving the steps still running ``stop_timeout`` to end."""
         self._set_status("draining")
         engine_log.pause(list(self._owned))
-        deadline, steps = time.monotonic() + self.settings.stop_timeout, self._steps
-        self._recovering.clear()  # the next owner recovers them
-        steps.hold = False
-        while steps.in_flight and time.monotonic() < deadline and not self._hurry.is_set():
-            self._process(engine_log, self._poll(engine_log))
-        self._process(engine_log, [])
+        self._hand_over(engine_log, set(self._owned), self.settings.stop_timeout)
 
     # -- health, stuck workflow code ---------------------------------------------------
     def _set_status(self, status: str) -> None:

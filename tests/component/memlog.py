@@ -85,8 +85,8 @@ class MemoryLog:
         assert self.owner is not None
         if self._to_revoke:  # callbacks run inside poll, as with Kafka
             gone, self._to_revoke = sorted(set(self._to_revoke) & self.owned), []
+            self.owner.revoked(gone, lost=False)  # still ours: it may commit (a handover)
             self.owned -= set(gone)
-            self.owner.revoked(gone, lost=False)
         if self._to_assign:
             new, self._to_assign = sorted(set(self._to_assign) - self.owned), []
             self.owned |= set(new)
@@ -166,5 +166,6 @@ class MemoryLog:
 
     def close(self) -> None:
         if self.owner is not None and self.owned:
-            gone, self.owned = sorted(self.owned), set()
+            gone = sorted(self.owned)
             self.owner.revoked(gone, lost=False)
+            self.owned = set()

@@ -191,28 +191,62 @@ def test_a_command_on_the_wrong_partition_is_forwarded_to_its_own(tmp_path, ns):
     rig.close()
 
 
-def test_a_partition_revoked_with_a_step_in_flight_is_recovered_by_its_next_owner(tmp_path, ns):
+def test_a_step_that_ends_within_the_handover_timeout_is_committed_before_the_partition_goes(
+    tmp_path, ns
+):
     cluster, bodies, gate = Cluster(), Counter[str](), threading.Event()
     app = make_app(ns, bodies, gate)
-    w1 = Rig(app, cluster, tmp_path, "w1")
+    w1 = Rig(app, cluster, tmp_path, "w1", handover_timeout=10)
     w1.log.assign([0, 1, 2, 3])
     start(cluster, ns, "g", "gated", 7)
     w1.until(lambda: bodies["slow 7"] == 1)  # its step body runs on w1
     p = partition_for(b"g", cluster.partitions)
     w1.log.revoke([p])
-    w1.turn()  # revoked inside poll, mid-flight
+    threading.Timer(0.3, gate.set).start()  # the body ends while w1 hands p over
+    w1.turn()  # revoked inside poll, mid-flight: waits for the step, commits it
+    assert "StepCompleted" in [type(f).__name__ for f in facts(cluster, ns, "g")]
     w2 = Rig(app, cluster, tmp_path, "w2")
     w2.log.assign([p])
-    gate.set()  # w1's body returns now: its outcome must not be recorded by w1
+    w2.until(lambda: "g" in ended(cluster, ns))
+    assert ended(cluster, ns) == {"g": 7}
+    assert bodies["slow 7"] == 1  # never again on w2
+    run = [type(f).__name__ for f in facts(cluster, ns, "g")]
+    assert "RunRecovered" not in run and "StepHandedOver" not in run
+    assert check_run(facts(cluster, ns, "g"), expect_finished=True) == []
+    w1.close()
+    w2.close()
+
+
+def test_a_step_still_running_at_the_handover_timeout_runs_again_uncharged_on_the_next_owner(
+    tmp_path, ns
+):
+    cluster, bodies, gate = Cluster(), Counter[str](), threading.Event()
+    app = make_app(ns, bodies, gate)
+    w1 = Rig(app, cluster, tmp_path, "w1", handover_timeout=0.2)
+    w1.log.assign([0, 1, 2, 3])
+    start(cluster, ns, "g", "gated", 7)
+    w1.until(lambda: bodies["slow 7"] == 1)  # its step body runs on w1
+    p = partition_for(b"g", cluster.partitions)
+    w1.log.revoke([p])
+    w1.turn()  # revoked inside poll, mid-flight: the step outlives the handover timeout
+    w2 = Rig(app, cluster, tmp_path, "w2")
+    w2.log.assign([p])
+    w2.until(lambda: bodies["slow 7"] == 2)  # started again at once, not held for a recovery
+    gate.set()  # both bodies return now: only w2's outcome may be recorded
     w2.until(lambda: "g" in ended(cluster, ns))
     for _ in range(5):
         w1.turn()
     assert ended(cluster, ns) == {"g": 7}
     run = facts(cluster, ns, "g")
-    assert [type(f).__name__ for f in run].count("StepCompleted") == 1
-    assert any(type(f).__name__ == "RunRecovered" for f in run)  # w2 ran it again
+    names = [type(f).__name__ for f in run]
+    assert names.count("StepCompleted") == 1
+    assert "RunRecovered" not in names  # a handover is not a crash: nothing charged
+    (handed,) = [f for f in run if type(f).__name__ == "StepHandedOver"]
+    assert handed.ran and handed.attempt == 1
+    started = [f for f in run if type(f).__name__ == "StepStarted"]
+    assert [(f.attempt, f.isolated) for f in started] == [(1, False), (1, False)]
     assert check_run(run, expect_finished=True) == []
-    assert w1.worker.stats["aborted"] == 0
+    assert w1.worker.stats["aborted"] == 0 and w1.worker.stats["handed_over"] == 1
     w1.close()
     w2.close()
 
@@ -222,7 +256,7 @@ def test_the_client_that_started_a_run_hears_its_end_from_the_next_owner(tmp_pat
     answers it, though the one that took the start is gone."""
     cluster, bodies, gate = Cluster(), Counter[str](), threading.Event()
     app = make_app(ns, bodies, gate)
-    w1 = Rig(app, cluster, tmp_path, "w1")
+    w1 = Rig(app, cluster, tmp_path, "w1", handover_timeout=0)
     w1.log.assign([0, 1, 2, 3])
     cmd = StartRun("g", "gated", payload.dumps(7), reply_to="client-1", request_id="q1")
     send(cluster, ns, cmd)

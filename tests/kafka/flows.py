@@ -120,6 +120,18 @@ def make_app(ns: str, bootstrap: str | None = None, **kw) -> runstream.App:
     async def steady(ctx: runstream.Context, seconds: float) -> str:
         return await ctx.step(work, ctx.run_id, seconds)
 
+    @app.step
+    def shift(run: str, n: int, seconds: float) -> int:
+        """Logs as its body begins, so a body cut short still counts."""
+        _log(f"{run} {n} {os.getpid()}")
+        time.sleep(seconds)
+        return n
+
+    @app.workflow
+    async def shifts(ctx: runstream.Context, seconds: float) -> int:
+        """Three steps of ``seconds`` each (seq 1, 2 and 3)."""
+        return sum([await ctx.step(shift, ctx.run_id, n, seconds) for n in (1, 2, 3)])
+
     @app.workflow
     async def nap_then_approval(ctx: runstream.Context, seconds: float) -> dict:
         await ctx.sleep(seconds)

@@ -3,6 +3,7 @@ and reading a topic's records back."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -269,3 +270,12 @@ def projection_copies(state: Path) -> dict[int, dict[str, tuple[int, list]]]:
         finally:
             store.close()
     return copies
+
+
+def owns(state, ns: str, instance: str) -> list[int]:
+    """The partitions an instance says (health.json) it runs."""
+    try:
+        health = json.loads((state / ns / instance / "health.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return health["partitions"] if health["status"] == "running" else []

@@ -17,7 +17,16 @@ from runstream.engine.limits import Limits
 from runstream.engine.reducer import fold
 from runstream.engine.state import RunState
 from runstream.engine.steps import execute
-from runstream.engine.work import Batch, LogRecord, Recover, Resume, StepJob, TimerDue, Work
+from runstream.engine.work import (
+    Batch,
+    HandOver,
+    LogRecord,
+    Recover,
+    Resume,
+    StepJob,
+    TimerDue,
+    Work,
+)
 from runstream.engine.workflow import Registry
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
@@ -130,6 +139,11 @@ class Core:
         self.states[run_id] = fold(run_id, self.facts(run_id))
         self.queued = [t for t in self.queued if t.run_id != run_id]
         self.handle(Recover(0, run_id))
+
+    def hand_over(self, run_id: str, began: frozenset[int] = frozenset()) -> None:
+        """As at a graceful stop or rebalance: the steps of ``run_id`` open here go."""
+        self.queued = [t for t in self.queued if t.run_id != run_id]
+        self.handle(HandOver(0, run_id, began))
 
     def resume(self, run_id: str) -> None:
         self.handle(Resume(0, run_id))

@@ -195,6 +195,17 @@ def test_a_step_started_again_after_it_completed():
     assert "a settled step ran again" in problem and problem.endswith("@2,3")
 
 
+def test_a_handover_restarts_the_same_attempt_and_nothing_else():
+    s1 = fact("StepStarted", seq=1, name="s", attempt=1)
+    handed = fact("StepHandedOver", seq=1, name="s", attempt=1, ran=True)
+    assert check_run([started(), s1, handed, *step(1), completed()]) == []
+    (problem,) = check_run([started(), s1, handed, *step(1, attempt=2), completed()])
+    assert "attempt 2 follows attempt 1" in problem
+    stray = fact("StepHandedOver", seq=1, name="s", attempt=3, ran=False)
+    (problem,) = check_run([started(), s1, stray, completed()])
+    assert problem == "StepHandedOver seq 1 attempt 3 but no such attempt is running @2"
+
+
 def test_a_second_start_and_a_first_fact_that_is_not_a_start():
     assert check_run([started(), started(), completed()]) == ["a second RunStarted @1"]
     assert check_run([*step(1), completed()])[0] == "first fact is StepStarted, not RunStarted @0"

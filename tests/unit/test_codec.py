@@ -71,7 +71,7 @@ def codec() -> Codec:
 
 
 def test_every_shipped_file_is_a_documented_runstream_record() -> None:
-    assert len(SHIPPED) == 29
+    assert len(SHIPPED) == 30
     for filename, schema in ALL_FILES.items():
         assert filename.startswith(f"runstream.{schema['name']}.")
         assert schema["namespace"] == "runstream"
@@ -124,6 +124,7 @@ FIELDS = {
     "SignalReceived": [*_FACT, "seq", "name", "payload", "signal_id"],
     "SignalTimedOut": [*_FACT, "seq", "name"],
     "ValueRecorded": [*_FACT, "seq", "name", "value"],
+    "StepHandedOver": [*_FACT, "seq", "name", "attempt", "ran"],
     "RunRecovered": [*_FACT, "seq", "recoveries"],
     "CompensationStarted": [*_FACT, "error", "traceback", "cancelled"],
     "RunCompleted": [*_FACT, "output", "continued_as"],

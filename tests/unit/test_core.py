@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 from pydantic import BaseModel
 
+from runstream.audit import check_run
 from runstream.engine import payload
 from runstream.engine.limits import Limits
 from runstream.engine.reducer import fold
@@ -377,6 +378,39 @@ def test_recovered_step_completes_once():
     core.run_step(stale)  # a late outcome of the dead attempt is ignored
     assert core.state("r").status == "completed"
     assert len(core.facts("r", "StepCompleted")) == 1
+
+
+def test_a_handed_over_step_starts_again_with_its_attempt_and_no_charge():
+    async def wf(ctx) -> int:
+        x = await ctx.step(add_one, 1)
+        return await ctx.step(add_one, x)
+
+    core = Core(registry(wf), max_recovery_attempts=0)  # any charge would kill the run
+    core.auto_run_steps = False
+    core.start("r", "wf")
+    core.hand_over("r", began=frozenset({1}))
+    (handed,) = core.facts("r", "StepHandedOver")
+    assert (handed.seq, handed.attempt, handed.ran) == (1, 1, True)
+    assert [e.type for e in core.lifecycle][-1] == "step.handed_over"
+    core.recover("r")  # the next owner, from the journal alone
+    (job,) = core.queued
+    assert (job.seq, job.attempt, job.isolated) == (1, 1, False)
+    core.auto_run_steps = True
+    core.run_step(core.queued.pop())
+    assert core.state("r").status == "completed" and core.state("r").recoveries == 0
+    assert "RunRecovered" not in core.names("r")
+    assert check_run(core.facts("r"), expect_finished=True) == []
+
+
+def test_a_handover_leaves_a_run_without_open_steps_alone():
+    async def sleeper(ctx) -> None:
+        await ctx.sleep(10)
+
+    core = Core(registry(sleeper))
+    core.start("s", "sleeper")
+    before = list(core.journal)
+    core.hand_over("s")
+    assert core.journal == before
 
 
 # -- compensation with a step in flight at cancel (defect b) ------------------------------

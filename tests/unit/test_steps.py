@@ -66,6 +66,25 @@ def test_non_retryable_exceptions_fail_at_once():
     assert execute(job(picky)).retryable
 
 
+def test_an_attempt_counts_as_ended_only_once_its_outcome_is_delivered():
+    """The shell starts the next recovery when the runner is idle: the outcome of the one
+    before must be in its hands by then, or both commit apart and a crash of the next
+    charges the one before (seen as a healthy run charged in the poison-step test)."""
+    delivered: list[StepOutcome] = []
+
+    def slow_delivery(outcome: StepOutcome) -> None:
+        time.sleep(0.2)  # the shell's queue, as late as a busy machine makes it
+        delivered.append(outcome)
+
+    runner = StepRunner(2, slow_delivery)
+    runner.submit([job(lambda: 1, isolated=True)])  # running at once: nothing else is
+    deadline = time.monotonic() + 5
+    while runner.running and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert delivered, "the runner looked idle before its last outcome was delivered"
+    runner.close()
+
+
 def test_an_isolated_attempt_runs_alone():
     gate = threading.Event()
     running: set[int] = set()

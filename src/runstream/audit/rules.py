@@ -10,7 +10,8 @@ Per run (ARCHITECTURE.md section 7):
   TimerFired, SignalReceived, SignalTimedOut, ValueRecorded), and nothing starts it
   again once settled: a completed step never runs again;
 - a StepCompleted or StepFailed answers the open StepStarted of that seq and attempt;
-  a step starts again while running only after a RunRecovered;
+  a step starts again while running only after a RunRecovered; a StepHandedOver lets
+  the open attempt go, and the next StepStarted of that seq repeats its attempt number;
 - a finished run has exactly one terminal fact (RunCompleted, RunFailed, RunCancelled,
   RunDead) and nothing after it;
 - every dead run has a ``run-dead`` record on the dlq;
@@ -40,6 +41,7 @@ from runstream.schemas.records import (
     SignalTimedOut,
     StepCompleted,
     StepFailed,
+    StepHandedOver,
     StepStarted,
     TimerFired,
     TimerScheduled,
@@ -50,6 +52,7 @@ from runstream.schemas.records import (
 _WAITS = {
     "StepStarted": "step in flight",
     "StepFailed": "retry scheduled",
+    "StepHandedOver": "step in flight",
     "TimerScheduled": "open timer",
     "SignalAwaited": "open signal wait",
 }
@@ -176,6 +179,15 @@ class RunCheck:
                     at = (self.settled.get(fact.seq) or self.open[fact.seq])[-1]
                     self._bad(f"{name} seq {fact.seq} reuses a sequence number", at, pos)
                 self.open[fact.seq] = (name, 0, pos)
+            case StepHandedOver():
+                prev = self.open.get(fact.seq)
+                if prev is None or prev[:2] != ("StepStarted", fact.attempt):
+                    self._bad(
+                        f"StepHandedOver seq {fact.seq} attempt {fact.attempt} but no such "
+                        "attempt is running",
+                        pos,
+                    )
+                self.open[fact.seq] = ("StepHandedOver", fact.attempt, pos)
             case RunRecovered():
                 prev = self.open.get(fact.seq)
                 if prev is None or prev[0] != "StepStarted":
@@ -222,9 +234,9 @@ class RunCheck:
                     at,
                     pos,
                 )
-            elif kind not in ("StepStarted", "StepFailed"):
+            elif kind not in ("StepStarted", "StepFailed", "StepHandedOver"):
                 self._bad(f"StepStarted seq {seq} while {kind} is open on it", at, pos)
-            if attempt != prev_attempt + 1:
+            if attempt != prev_attempt + (kind != "StepHandedOver"):
                 self._bad(
                     f"StepStarted seq {seq} attempt {attempt} follows attempt {prev_attempt}",
                     at,

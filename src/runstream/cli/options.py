@@ -33,6 +33,7 @@ ENGINE_FIELDS = (
     "session_timeout_ms",
     "leave_on_stop",
     "stop_timeout",
+    "handover_timeout",
     "chain_budget",
     "activation_budget",
     "max_record_bytes",

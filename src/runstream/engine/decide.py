@@ -29,6 +29,7 @@ from runstream.engine.state import RunState
 from runstream.engine.work import (
     Batch,
     Forward,
+    HandOver,
     LogRecord,
     Recover,
     Resume,
@@ -99,6 +100,8 @@ class Decider:
                 decision = lambda st: rules.recover(b, st)  # noqa: E731
             case Resume():
                 decision = lambda st: rules.resume(b, st)  # noqa: E731
+            case HandOver():
+                decision = lambda st: rules.hand_over(b, st, work.began)  # noqa: E731
         self._decide(b, work.partition, work.run_id, decision)
         return work.run_id
 

@@ -23,6 +23,7 @@ from runstream.schemas.records import (
     SignalAwaited,
     StepCompleted,
     StepFailed,
+    StepHandedOver,
     StepStarted,
     TimerScheduled,
 )
@@ -46,6 +47,15 @@ def event(fact: Fact, state: RunState) -> LifecycleEvent | None:
             return ev(Kind.STEP_COMPLETED, seq=seq, step=name, attempt=attempt, duration_ms=ms)
         case StepFailed(seq=seq, name=name, attempt=attempt, error=error):
             return ev(Kind.STEP_FAILED, seq=seq, step=name, attempt=attempt, error=error)
+        case StepHandedOver(seq=seq, name=name, attempt=attempt, ran=ran):
+            why = "was running; it runs again" if ran else "had not begun"
+            return ev(
+                Kind.STEP_HANDED_OVER,
+                seq=seq,
+                step=name,
+                attempt=attempt,
+                reason=f"handed over to the partition's next owner: the attempt {why}",
+            )
         case TimerScheduled(seq=seq, due_ms=due):
             until = datetime.fromtimestamp(due / 1000, UTC).isoformat(timespec="milliseconds")
             return ev(Kind.RUN_SUSPENDED, seq=seq, reason=f"sleeping until {until}")

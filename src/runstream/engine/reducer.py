@@ -28,6 +28,7 @@ from runstream.schemas.records import (
     SignalTimedOut,
     StepCompleted,
     StepFailed,
+    StepHandedOver,
     StepStarted,
     TimerFired,
     TimerScheduled,
@@ -45,7 +46,7 @@ def apply(state: RunState, fact: Fact) -> RunState:
     if state.status is Status.PARKED and not isinstance(fact, RunParked | SignalBuffered):
         state.status, state.reason = Status.RUNNING, None  # the run made progress again
     match fact:
-        case StepStarted() | TimerScheduled() | SignalAwaited():
+        case StepStarted() | StepHandedOver() | TimerScheduled() | SignalAwaited():
             state.pending[fact.seq] = fact
         case StepCompleted():
             _settle(state, fact)

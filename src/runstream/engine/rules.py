@@ -58,6 +58,7 @@ from runstream.schemas.records import (
     StartRun,
     StepCompleted,
     StepFailed,
+    StepHandedOver,
     StepResult,
     StepStarted,
     TimerFired,
@@ -307,15 +308,19 @@ class Rules:
         self._advance(b, st)
 
     def recover(self, b: Batch, st: RunState) -> None:
-        """After a restore: steps started but never finished ran in a process that is gone.
+        """After a restore: start again the steps that were open in a process that is gone.
 
-        They run again one at a time, alone in the process (``isolated``). A crash while a
-        step ran alone is the run's own doing and is charged to it; past
-        ``max_recovery_attempts`` the run is dead. A crash that took down a step running
-        beside others charges nobody, so a poison step never takes its co-runners along.
+        A step a graceful handover let go (StepHandedOver) starts again at once, under the
+        same attempt number: a stop or a rebalance charges nothing.
+
+        A step started but never finished ran in a process that crashed. Those run again
+        one at a time, alone in the process (``isolated``). A crash while a step ran alone
+        is the run's own doing and is charged to it; past ``max_recovery_attempts`` the run
+        is dead. A crash that took down a step running beside others charges nobody, so a
+        poison step never takes its co-runners along.
         """
-        seqs = st.running_steps()
-        if not seqs or st.terminal:
+        seqs, handed = st.running_steps(), st.handed_over_steps()
+        if not (seqs or handed) or st.terminal:
             return
         if self.registry.get(st.workflow, st.version) is None:
             self._advance(b, st)  # parks it; recovered once its code is back
@@ -354,7 +359,24 @@ class Rules:
                     st.run_id, b.now, seq, started.name, started.attempt + 1, isolated=True
                 ),
             )
-        self._advance(b, st, relaunch=frozenset(seqs))
+        for seq in handed:
+            let_go = st.pending[seq]
+            assert isinstance(let_go, StepHandedOver)
+            self.emit(b, st, StepStarted(st.run_id, b.now, seq, let_go.name, let_go.attempt))
+        self._advance(b, st, relaunch=frozenset(seqs + handed))
+
+    def hand_over(self, b: Batch, st: RunState, began: frozenset[int]) -> None:
+        """The instance lets the run's partition go: its steps still open here are handed
+        over to the next owner (see `recover`). ``began``: the seqs whose body had begun."""
+        if st.terminal:
+            return
+        for seq in st.running_steps():
+            started = st.pending[seq]
+            assert isinstance(started, StepStarted)
+            let_go = StepHandedOver(
+                st.run_id, b.now, seq, started.name, started.attempt, seq in began
+            )
+            self.emit(b, st, let_go)
 
     def resume(self, b: Batch, st: RunState) -> None:
         """Try a parked run again (its version may be registered now, its code fixed)."""

@@ -11,6 +11,7 @@ from runstream.schemas.records import (
     SignalAwaited,
     SignalBuffered,
     StepFailed,
+    StepHandedOver,
     StepStarted,
     TimerScheduled,
 )
@@ -26,7 +27,8 @@ class RunState:
     ``resolved`` maps a sequence number to the fact that settled it (StepCompleted,
     a final StepFailed, TimerFired, SignalReceived, SignalTimedOut, ValueRecorded);
     ``pending`` maps it to the fact of an operation still open (StepStarted, a
-    StepFailed awaiting its retry, TimerScheduled, SignalAwaited).
+    StepFailed awaiting its retry, a StepHandedOver awaiting its restart, TimerScheduled,
+    SignalAwaited).
     """
 
     run_id: str
@@ -88,3 +90,7 @@ class RunState:
     def running_steps(self) -> list[int]:
         """Sequence numbers of steps started with no recorded outcome yet."""
         return [s for s, f in self.pending.items() if isinstance(f, StepStarted)]
+
+    def handed_over_steps(self) -> list[int]:
+        """Sequence numbers of steps a graceful handover let go: to start again."""
+        return [s for s, f in self.pending.items() if isinstance(f, StepHandedOver)]

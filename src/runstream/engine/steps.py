@@ -133,6 +133,7 @@ class StepRunner:
         self._queued: deque[StepJob] = deque()
         self._isolated: deque[StepJob] = deque()
         self._running = 0
+        self._began: dict[Attempt, int] = {}  # attempts running now -> their partition
         self._alone = False  # an isolated attempt is running
         self._closed = False
         self._hold = False
@@ -157,6 +158,11 @@ class StepRunner:
         """Attempts running now."""
         with self._lock:
             return self._running
+
+    def began(self, partitions: set[int]) -> set[Attempt]:
+        """The attempts of ``partitions`` running now."""
+        with self._lock:
+            return {key for key, p in self._began.items() if p in partitions}
 
     @property
     def in_flight(self) -> int:
@@ -225,22 +231,31 @@ class StepRunner:
 
     def _launch(self, job: StepJob) -> None:  # under the lock
         self._running += 1
+        self._began[job.key] = job.partition
         self._pool.submit(self._run, job)
 
     def _run(self, job: StepJob) -> None:
         outcome = execute(job)
         with self._lock:
-            self._running -= 1
-            if job.isolated:
-                self._alone = False
-            self._start_what_may()
+            deliver = True
             if job.key in self._kept:  # ran ahead of an aborted commit
                 if job.key not in self._due:
                     self._kept[job.key] = (job.partition, outcome)
-                    return  # until the redone batch schedules it again
-                del self._kept[job.key]
-                self._due.discard(job.key)
-        self._done(outcome)
+                    deliver = False  # until the redone batch schedules it again
+                else:
+                    del self._kept[job.key]
+                    self._due.discard(job.key)
+        # Deliver before the attempt counts as ended: whoever then sees the runner idle (the
+        # shell, about to start the next recovery alone) has this outcome in hand, so both
+        # never commit apart.
+        if deliver:
+            self._done(outcome)
+        with self._lock:
+            self._running -= 1
+            self._began.pop(job.key, None)
+            if job.isolated:
+                self._alone = False
+            self._start_what_may()
 
 
 def chain(

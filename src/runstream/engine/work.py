@@ -81,7 +81,18 @@ class Resume:
     run_id: str
 
 
-Work = LogRecord | StepOutcome | TimerDue | Recover | Resume
+@dataclass(frozen=True, slots=True)
+class HandOver:
+    """The instance lets the run's partition go (a stop, a rebalance) while steps of the run
+    are still open here: record them as handed over. ``began`` are the seqs whose body had
+    begun (the others were still queued)."""
+
+    partition: int
+    run_id: str
+    began: frozenset[int] = frozenset()
+
+
+Work = LogRecord | StepOutcome | TimerDue | Recover | Resume | HandOver
 
 
 # -- effects ---------------------------------------------------------------------------

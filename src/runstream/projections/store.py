@@ -5,6 +5,7 @@ Keys (raw bytes, so byte order is meaningful):
 
     f <run_id> 00 <n: 4B BE>           the run's n-th journal fact (Avro single-object)
     t <due_ms: 8B BE> <run_id> 00 <seq> a timer, retry or signal timeout due at due_ms
+    h <run_id>                          the run has a step a handover let go
     i <run_id>                          the run has a step started with no outcome
     p <run_id>                          the run is parked
     m journal                           next journal offset to read (8B BE)
@@ -60,6 +61,8 @@ def index_keys(state: RunState) -> set[bytes]:
     keys = {_timer_key(due, run, seq) for due, seq in state.timers()}
     if state.running_steps():
         keys.add(b"i" + run)
+    if state.handed_over_steps():
+        keys.add(b"h" + run)
     if state.status is Status.PARKED:
         keys.add(b"p" + run)
     return keys
@@ -145,6 +148,10 @@ class PartitionStore:
     def running(self) -> list[str]:
         """Runs with a step started and no outcome recorded."""
         return [k[1:].decode() for k in self._range(b"i", b"j")]
+
+    def handed_over(self) -> list[str]:
+        """Runs with a step a graceful handover let go, to start again."""
+        return [k[1:].decode() for k in self._range(b"h", b"i")]
 
     def parked(self) -> list[str]:
         return [k[1:].decode() for k in self._range(b"p", b"q")]

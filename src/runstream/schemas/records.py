@@ -46,6 +46,7 @@ class Kind(StrEnum):
     STEP_STARTED = "step.started"
     STEP_COMPLETED = "step.completed"
     STEP_FAILED = "step.failed"
+    STEP_HANDED_OVER = "step.handed_over"
 
 
 class Reason(StrEnum):
@@ -288,6 +289,16 @@ class ValueRecorded(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class StepHandedOver(Record):
+    run_id: str
+    at_ms: int
+    seq: int
+    name: str
+    attempt: int
+    ran: bool  # its body had begun: it runs again from the start
+
+
+@dataclass(frozen=True, slots=True)
 class RunRecovered(Record):
     run_id: str
     at_ms: int
@@ -354,6 +365,7 @@ Fact = (
     | SignalReceived
     | SignalTimedOut
     | ValueRecorded
+    | StepHandedOver
     | RunRecovered
     | CompensationStarted
     | RunParked
@@ -375,6 +387,7 @@ SeqFact = (
     StepStarted
     | StepCompleted
     | StepFailed
+    | StepHandedOver
     | TimerScheduled
     | TimerFired
     | SignalAwaited
