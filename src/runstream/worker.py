@@ -217,7 +217,8 @@ class Worker:
         self._steps.forget(set(partitions))
         self._recovering = deque(r for r in self._recovering if r.partition not in partitions)
         self._leaving -= set(partitions)
-        log.info("partitions %s %s", sorted(partitions), "lost" if lost else "revoked")
+        how = "lost" if lost else "revoked"
+        log.info("partitions %s %s (process %d)", sorted(partitions), how, os.getpid())
         self._set_status(self.status)
 
     def _hand_over(self, engine_log: EngineLog, partitions: set[int], timeout: float) -> None:
@@ -234,17 +235,18 @@ class Worker:
         # Runs restored with a crashed step keep it as it is: the next owner recovers them.
         crashed = {r.run_id for r in self._recovering if r.partition in partitions}
         self._recovering = deque(r for r in self._recovering if r.partition not in partitions)
-        self._requeued = [w for w in self._requeued if w.partition not in partitions]
-        self._steps.forget(partitions)  # queued, not begun: handed over below
+        # Outcomes set back by an aborted commit are of bodies that ran: keep them.
+        self._requeued = [
+            w for w in self._requeued if w.partition not in partitions or isinstance(w, StepOutcome)
+        ]
+        self._steps.drop_queued(partitions)  # not begun: handed over below
         running = self._steps.began(partitions)
-        while (
-            self._steps.began(partitions)
-            and time.monotonic() - began_at < timeout
-            and not self._hurry.is_set()
-        ):
+        while time.monotonic() - began_at < timeout and not self._hurry.is_set():
+            self._process(engine_log, [])  # commits the outcomes that came
+            if not self._steps.began(partitions) and self._outcomes.empty():
+                break
             with contextlib.suppress(queue.Empty):
                 self._requeued.append(self._outcomes.get(timeout=0.05))
-            self._process(engine_log, [])
         still = self._steps.began(partitions)
         handovers = [
             HandOver(p, run_id, frozenset(seq for r, seq, _ in still if r == run_id))
@@ -475,12 +477,17 @@ class Worker:
         if self._parked and any(r in b.runs for r in self._parked):
             self._parked = {r: why for r, why in self._parked.items() if r not in b.runs}
             self._files.write_stuck(self._parked)
-        if not self._stopping.is_set():  # stopping or leaving: they are handed over
-            self._steps.submit(
+        # Stopping, or on a partition being handed over, no step starts (the handover
+        # records it); one that ran ahead of an aborted commit gets its outcome delivered.
+        steps, stopping = self._steps, self._stopping.is_set()
+        steps.submit(
+            [
                 j
                 for j in b.effects.steps
-                if j.key not in started and j.partition not in self._leaving
-            )
+                if j.key not in started
+                and (steps.ran_ahead(j.key) or not (stopping or j.partition in self._leaving))
+            ]
+        )
 
     def _drain(self, engine_log: EngineLog) -> None:
         """On stop: take no new commands, and hand every partition over (`_hand_over`),

@@ -251,6 +251,30 @@ def test_a_step_still_running_at_the_handover_timeout_runs_again_uncharged_on_th
     w2.close()
 
 
+def test_an_outcome_set_back_by_an_aborted_commit_is_committed_by_the_handover(tmp_path, ns):
+    """The commit of a step's outcome aborts and the batch is to be redone, then the
+    partition is revoked: the handover commits that outcome (its body ran), it does not
+    hand the step over to run again."""
+    cluster, bodies, gate = Cluster(), Counter[str](), threading.Event()
+    app = make_app(ns, bodies, gate)
+    w1 = Rig(app, cluster, tmp_path, "w1", chain_budget=0)
+    w1.log.assign([0, 1, 2, 3])
+    start(cluster, ns, "g", "gated", 7)
+    w1.until(lambda: bodies["slow 7"] == 1)
+    w1.log.fail_commits = 1
+    gate.set()
+    w1.until(lambda: w1.log.aborts == 1)  # the outcome waits for the redo
+    w1.log.revoke([partition_for(b"g", cluster.partitions)])
+    w1.turn()  # revoked before the redo
+    w2 = Rig(app, cluster, tmp_path, "w2")
+    w2.log.assign([0, 1, 2, 3])
+    w2.until(lambda: "g" in ended(cluster, ns))
+    assert bodies["slow 7"] == 1
+    assert "StepHandedOver" not in [type(f).__name__ for f in facts(cluster, ns, "g")]
+    w1.close()
+    w2.close()
+
+
 def test_the_client_that_started_a_run_hears_its_end_from_the_next_owner(tmp_path, ns):
     """The start's question is in RunStarted: the instance that owns the run when it ends
     answers it, though the one that took the start is gone."""

@@ -172,6 +172,7 @@ class StepRunner:
 
     def submit(self, jobs: Iterable[StepJob]) -> None:
         known: list[StepOutcome] = []
+        jobs = list(jobs)  # before the lock: a generator may ask the runner (ran_ahead)
         with self._lock:
             for job in jobs:
                 if job.key in self._kept:  # it ran ahead of an aborted commit
@@ -197,19 +198,32 @@ class StepRunner:
             for outcome in outcomes:
                 self._kept[outcome.key] = (outcome.partition, outcome)
 
+    def drop_queued(self, partitions: set[int]) -> int:
+        """Drop the attempts of ``partitions`` that are queued, not begun; how many."""
+        with self._lock:
+            return self._drop_queued(partitions)
+
+    def _drop_queued(self, partitions: set[int]) -> int:  # under the lock
+        before = len(self._queued) + len(self._isolated)
+        for q in (self._queued, self._isolated):
+            kept = [j for j in q if j.partition not in partitions]
+            q.clear()
+            q.extend(kept)
+        return before - len(self._queued) - len(self._isolated)
+
+    def ran_ahead(self, key: Attempt) -> bool:
+        """The attempt ran (or runs) ahead of a commit that aborted (see `keep`)."""
+        with self._lock:
+            return key in self._kept
+
     def forget(self, partitions: set[int]) -> int:
         """Drop the queued (not yet started) and kept attempts of ``partitions``; how many
         queued ones."""
         with self._lock:
-            before = len(self._queued) + len(self._isolated)
-            for q in (self._queued, self._isolated):
-                kept = [j for j in q if j.partition not in partitions]
-                q.clear()
-                q.extend(kept)
             for key in [k for k, (p, _) in self._kept.items() if p in partitions]:
                 del self._kept[key]
                 self._due.discard(key)
-            return before - len(self._queued) - len(self._isolated)
+            return self._drop_queued(partitions)
 
     def close(self) -> None:
         with self._lock:
