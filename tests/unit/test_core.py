@@ -651,3 +651,20 @@ def test_workflows_that_cannot_take_an_input_are_refused_at_registration():
         workflow_def(three)
     with pytest.raises(TypeError, match="async def"):
         workflow_def(not_async)
+
+
+@pytest.mark.parametrize(
+    "exc", [SystemExit(3), KeyboardInterrupt()], ids=lambda e: type(e).__name__
+)
+def test_workflow_code_raising_systemexit_or_keyboardinterrupt_fails_its_run_only(exc):
+    """Defect d: the core catches what user code can raise, BaseException included."""
+
+    async def quits(ctx) -> None:
+        raise exc
+
+    core = Core(registry(quits, three_steps))
+    core.start("q", "quits")
+    core.start("ok", "three_steps", 1)
+    assert core.state("q").status == "failed"
+    assert core.state("q").error.startswith(type(exc).__name__)
+    assert payload.loads(core.state("ok").output) == 4
