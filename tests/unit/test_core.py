@@ -416,6 +416,30 @@ def test_a_handover_leaves_a_run_without_open_steps_alone():
 # -- compensation with a step in flight at cancel (defect b) ------------------------------
 
 
+@pytest.mark.parametrize("gone", ["crash", "handover"])
+def test_a_step_relaunched_after_a_cancel_runs_and_the_run_then_compensates(gone):
+    """The step's process went away (a crash or a handover), then a cancel came, then the
+    next owner recovered the run: the step must run again, or the compensation waits for
+    it forever."""
+
+    async def wf(ctx) -> int:
+        return await ctx.step(add_one, 1)
+
+    core = Core(registry(wf))
+    core.auto_run_steps = False
+    core.start("r", "wf")
+    if gone == "crash":
+        core.queued.clear()
+    else:
+        core.hand_over("r")
+    core.cancel("r", compensate=True)
+    core.recover("r")
+    assert [j.seq for j in core.queued] == [1]
+    core.auto_run_steps = True
+    core.run_step(core.queued.pop())
+    assert core.state("r").status == "cancelled"
+
+
 def _booking(log: list[str], fail_second: bool = False):
     def book_a(x):
         log.append("book a")

@@ -388,6 +388,7 @@ class Rules:
         """Replay the workflow and record what it does next, until it waits or ends."""
         while not st.terminal:
             if st.compensation is not None:
+                self._relaunch_forward(b, st, relaunch)
                 self._compensate(b, st, relaunch)
                 return
             wf = self.registry.get(st.workflow, st.version)
@@ -496,6 +497,18 @@ class Rules:
         self.emit(b, st, StepStarted(st.run_id, b.now, seq, step.name, attempt))
         b.effects.steps.append(StepJob(p, st.run_id, seq, attempt, step, args))
 
+    def _relaunch_forward(self, b: Batch, st: RunState, relaunch: frozenset[int]) -> None:
+        """A forward step recovered while the run compensates (a cancel came between its
+        process going away and the recovery): run it again, as the compensation waits for
+        it. Its call (step and arguments) is where the workflow's replay blocks."""
+        wf = self.registry.get(st.workflow, st.version)
+        if wf is None or not any(s > 0 for s in relaunch):
+            return
+        outcome = replay(wf, st, self.registry, b.now, self.activation(st.run_id)).outcome
+        match outcome:
+            case Blocked(StepCall(seq, step, args)) if seq in relaunch:
+                self._run_step(b, st, seq, step, args, relaunch)
+
     def _compensate(self, b: Batch, st: RunState, relaunch: frozenset[int] = frozenset()) -> None:
         """Wait for the steps in flight; then undo every completed step that registered a
         compensation, newest first, one at a time: the undo of step ``s`` is step ``-s``.
@@ -526,8 +539,8 @@ class Rules:
 
     @staticmethod
     def _in_flight(st: RunState) -> bool:
-        """A forward step (positive seq) is running."""
-        return any(s > 0 for s in st.running_steps())
+        """A forward step (positive seq) is running, or handed over to run again."""
+        return any(s > 0 for s in st.running_steps() + st.handed_over_steps())
 
     def _park(self, b: Batch, st: RunState, reason: str) -> None:
         reason = self.limits.clip(reason)
