@@ -80,13 +80,14 @@ def test_two_instances_one_sigkilled_mid_flight(kafka_bootstrap, ns, tmp_path):
     try:
         kill(w1)  # mid-flight: first steps running, many runs asleep
         killed_at = time.monotonic()
-        results = {f"run-{i}": client.result(f"run-{i}", timeout=180) for i in range(runs)}
+        run_ids = [f"run-{i}" for i in range(runs)] + ["probe"]  # all, before the stop
+        results = {run_id: client.result(run_id, timeout=180) for run_id in run_ids}
         recovered_in = time.monotonic() - killed_at
         assert set(results.values()) == {"rested"}
     finally:
         _stop(w1, w2)
     journal = _check_journal(kafka_bootstrap, ns, runs)
-    ticks = check_ticks(log, journal, [*results, "probe"])
+    ticks = check_ticks(log, journal, list(results))
     print(f"\n{ticks}; all {runs} runs finished {recovered_in:.1f}s after the kill")
 
 
@@ -139,14 +140,15 @@ def test_a_frozen_instance_is_fenced_when_it_wakes(kafka_bootstrap, ns, tmp_path
         results = {f"run-{i}": client.result(f"run-{i}", timeout=180) for i in range(runs)}
         assert set(results.values()) == {"rested"}
         engine.send_signal(signal.SIGCONT)  # the zombie wakes with due timers in hand
-        # It learns it is fenced: its partitions are gone (lost), or the transaction it
-        # tries to commit is refused (its group generation is stale, KIP-447).
+        # It learns it is fenced: its partitions are gone (lost), the transaction it tries
+        # to commit is refused (its group generation is stale, KIP-447), or its producer
+        # is fenced (the coordinator aborted its open transaction at the timeout).
         log = tmp_path / "w1.log"
         fenced = wait_for(
             lambda: [
                 line
                 for line in log.read_text().splitlines()
-                if " lost" in line or "transaction aborted" in line
+                if " lost" in line or "transaction aborted" in line or "fenced" in line
             ],
             timeout=60,
             what="the zombie to see it was fenced",
