@@ -254,15 +254,16 @@ class Worker:
             for run_id in self._owned[p].store.running()
             if run_id not in crashed
         ]
-        before = self.stats["handed_over"]
-        self._process(engine_log, [], then=handovers)
+        b = self._process(engine_log, [], then=handovers)
+        handed = sum(isinstance(f, StepHandedOver) for f in b.effects.facts) if b else 0
+        self.stats["handed_over"] += handed
         log.info(
             "handover of partitions %s in %.2fs: %d running steps ended here, %d handed "
             "over (%d of them had begun and run again on the next owner)",
             sorted(partitions),
             time.monotonic() - began_at,
             len(running - still),
-            self.stats["handed_over"] - before,
+            handed,
             len(still),
         )
 
@@ -347,13 +348,13 @@ class Worker:
 
     def _process(
         self, engine_log: EngineLog, records: list[LogRecord], then: Sequence[Work] = ()
-    ) -> None:
+    ) -> Batch | None:
         """Decide ``records``, the internal work that is ready, and ``then``, in that order,
-        and commit what they decided in one transaction."""
+        and commit what they decided in one transaction; the batch, once committed."""
         began, now = time.perf_counter(), int(time.time() * 1000)
         items: list[Work] = [*records, *self._take_internal(now), *then]
         if not items:
-            return
+            return None
         assert self._decider is not None
         b, decider = Batch(self._load, now, self._parked), self._decider
         careful: set[str] = set()  # runs touched by work a former process may have seen
@@ -378,9 +379,9 @@ class Worker:
                 )
         except Overrun:  # delivered after its activation ended: nothing is lost, redo
             self._redo(engine_log, b, items, started, decided)
-            return
+            return None
         if b.empty:
-            return
+            return None
         answered = self._waiters.answer(b, decider.rules.run_info)
         decided_at = time.perf_counter()
         written = self._commit(engine_log, b)
@@ -393,6 +394,7 @@ class Worker:
         self.seconds["decide"] += decided_at - began
         self.seconds["commit"] += committed_at - decided_at
         self.seconds["apply"] += time.perf_counter() - committed_at
+        return None if written is None else b
 
     def _fresh(self, item: Work) -> bool:
         """Work no former process of this partition can have seen: its steps may run
@@ -449,7 +451,6 @@ class Worker:
         self.stats["transactions"] += 1
         self.stats["commands"] += sum(last - first + 1 for first, last in b.consumed.values())
         self.stats["facts"] += len(b.effects.facts)
-        self.stats["handed_over"] += sum(isinstance(f, StepHandedOver) for f in b.effects.facts)
         return encoded, ends
 
     def _next_offset(self, b: Batch, p: int) -> int:
@@ -485,7 +486,7 @@ class Worker:
                 j
                 for j in b.effects.steps
                 if j.key not in started
-                and (steps.ran_ahead(j.key) or not (stopping or j.partition in self._leaving))
+                and (not (stopping or j.partition in self._leaving) or steps.ran_ahead(j.key))
             ]
         )
 

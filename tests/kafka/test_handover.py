@@ -74,6 +74,20 @@ def _facts(bootstrap: str, ns: str, name: str) -> list[dict]:
     return [r for n, r, _ in read_topic(bootstrap, f"{ns}.journal", timeout=60) if n == name]
 
 
+def _each_step_ran_once(
+    bootstrap: str, ns: str, step_log: Path, run_ids: list[str], outputs: dict
+) -> Counter[tuple[str, int]]:
+    """Every run completed, each of its three step bodies began exactly once, and no
+    recovery was charged; the bodies, counted."""
+    assert outputs == dict.fromkeys(run_ids, 6)
+    bodies = _bodies(step_log)
+    assert set(bodies) == {(r, n) for r in run_ids for n in (1, 2, 3)}
+    twice = {step: n for step, n in bodies.items() if n > 1}
+    assert not twice, f"step bodies that ran more than once: {twice}"
+    assert not _facts(bootstrap, ns, "RunRecovered"), "a stop was charged as a crash"
+    return bodies
+
+
 def test_scaling_1_to_3_to_1_with_sigterm_runs_no_step_body_twice(kafka_bootstrap, ns, tmp_path):
     runs = 200
     fleet = Scaler(kafka_bootstrap, ns, tmp_path)
@@ -96,12 +110,7 @@ def test_scaling_1_to_3_to_1_with_sigterm_runs_no_step_body_twice(kafka_bootstra
         client.close()
     finally:
         fleet.close()
-    assert outputs == dict.fromkeys(run_ids, 6)
-    bodies = _bodies(fleet.log)
-    assert set(bodies) == {(r, n) for r in run_ids for n in (1, 2, 3)}
-    twice = {step: n for step, n in bodies.items() if n > 1}
-    assert not twice, f"step bodies that ran more than once: {twice}"
-    assert not _facts(kafka_bootstrap, ns, "RunRecovered"), "a handover was charged as a crash"
+    bodies = _each_step_ran_once(kafka_bootstrap, ns, fleet.log, run_ids, outputs)
     handed = _facts(kafka_bootstrap, ns, "StepHandedOver")
     assert not [h for h in handed if h["ran"]], "a step ran past the handover timeout"
     report = audit(kafka_bootstrap, ns, expect_finished=True)
@@ -179,12 +188,7 @@ def test_a_rolling_restart_of_three_instances_under_load_re_runs_no_step(
         client.close()
     finally:
         fleet.close()
-    assert outputs == dict.fromkeys(run_ids, 6)
-    bodies = _bodies(fleet.log)
-    assert set(bodies) == {(r, n) for r in run_ids for n in (1, 2, 3)}
-    twice = {step: n for step, n in bodies.items() if n > 1}
-    assert not twice, f"step bodies that ran more than once: {twice}"
-    assert not _facts(kafka_bootstrap, ns, "RunRecovered"), "a restart was charged as a crash"
+    _each_step_ran_once(kafka_bootstrap, ns, fleet.log, run_ids, outputs)
     assert set(fleet.exits.values()) == {0}, fleet.exits
     ended = [r["at_ms"] / 1000 for r in _facts(kafka_bootstrap, ns, "RunCompleted")]
     first = min(ended)
