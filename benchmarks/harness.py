@@ -201,8 +201,8 @@ def engine_settings(bootstrap: str, ns: str) -> dict[str, Any]:
         mock.patch.object(edge, "Producer", RecordingProducer),
         mock.patch.object(edge, "Consumer", RecordingConsumer),
     ):
-        log = edge.open_engine_log(settings, Topics(ns), "bench-1", Watchdog(False),
-                                   lambda: False, connect_timeout=10)  # fmt: skip
+        log = edge.open_engine_log(settings, Topics(ns), "bench-1", Watchdog(False), lambda: False)
+        assert log is not None
         log.close()
         runstream.Client(ns, bootstrap).close()
     engine = next(p for p in producers if "transactional.id" in p)

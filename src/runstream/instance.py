@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Container
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,27 @@ class InstanceFiles:
     def write_stuck(self, runs: dict[str, str]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "stuck-runs.json").write_text(json.dumps(runs))
+
+
+class StuckRuns(dict[str, str]):
+    """Run id -> why parked, for runs whose workflow code blocked the process, kept in
+    ``stuck-runs.json`` so the restarted instance parks them before running them again."""
+
+    def __init__(self, files: InstanceFiles) -> None:
+        super().__init__(files.read_stuck())
+        self._files = files
+
+    def add(self, run_id: str) -> None:
+        self[run_id] = STUCK
+        self._files.write_stuck(self)
+
+    def release(self, runs: Container[str]) -> None:
+        """The runs of ``runs`` moved on (resumed, cancelled, ...): no longer stuck."""
+        gone = [r for r in self if r in runs]
+        for run_id in gone:
+            del self[run_id]
+        if gone:
+            self._files.write_stuck(self)
 
 
 def read_health(namespace_dir: Path) -> list[dict[str, Any]]:

@@ -302,12 +302,12 @@ def test_a_sleeping_run_has_one_timer_entry_however_often_it_is_touched(tmp_path
     rig = Rig(make_app(ns, bodies), cluster, tmp_path)
     rig.log.assign([0, 1, 2, 3])
     start(cluster, ns, "sleeper", "nap")
-    rig.until(lambda: len(rig.worker._timers) == 1)
+    rig.until(lambda: len(rig.worker._inbox.timers) == 1)
     for i in range(20):  # each signal commits a fact of the run, its timer unchanged
         send(cluster, ns, Signal("sleeper", "poke", b"1", f"s{i}"))
         rig.turn()
     assert len(facts(cluster, ns, "sleeper")) == 22
-    assert len(rig.worker._timers) == 1 and len(rig.worker._timers._heap) == 1
+    assert len(rig.worker._inbox.timers) == 1 and len(rig.worker._inbox.timers._heap) == 1
     rig.close()
 
 

@@ -68,10 +68,32 @@ def open_engine_log(
     instance_id: str,
     watchdog: Watchdog,
     stopping: Callable[[], bool],
+) -> KafkaLog | None:
+    """An engine instance's log once a broker answers; None when stopped first. While
+    Kafka is away, try again and again, each attempt waiting longer (up to 30 s) and
+    saying so in one line."""
+    delay = 1.0
+    while not stopping():
+        try:
+            return _open_engine_log(settings, topics, instance_id, watchdog, stopping, delay)
+        except KafkaUnavailable as exc:
+            if stopping():
+                break
+            log.warning("%s; trying again", exc)
+            delay = min(delay * 2, 30.0)
+    return None
+
+
+def _open_engine_log(
+    settings: Settings,
+    topics: Topics,
+    instance_id: str,
+    watchdog: Watchdog,
+    stopping: Callable[[], bool],
     connect_timeout: float,
 ) -> KafkaLog:
-    """An engine instance's log once a broker answers (KafkaUnavailable until then), with
-    the namespace's topics (created if missing and allowed) and its record size limits."""
+    """The log with the namespace's topics (created if missing and allowed) and its
+    record size limits; KafkaUnavailable when no broker answers in ``connect_timeout``."""
     s, ns = settings, topics.ns
     config = client_config(s.bootstrap(), s.kafka)
     wait_for_cluster(config, connect_timeout, stopping)
@@ -414,13 +436,24 @@ class CommandSender:
             return None
         return len(md.partitions)
 
-    def send(self, topic: str, partition: int, key: bytes, value: bytes, what: str) -> None:
+    def send(
+        self,
+        topic: str,
+        partition: int,
+        key: bytes | None,
+        value: bytes,
+        what: str,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
         def delivered(err: KafkaError | None, _msg: Message) -> None:
             if err is not None:
                 self._undelivered.append(f"{what}: {err.str()}")
 
+        kwargs: dict[str, Any] = {"partition": partition, "on_delivery": delivered}
+        if headers:
+            kwargs["headers"] = headers
         try:
-            self._producer.produce(topic, value, key, partition=partition, on_delivery=delivered)
+            self._producer.produce(topic, value, key, **kwargs)
         except KafkaException as exc:
             err = exc.args[0]
             if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
@@ -430,7 +463,7 @@ class CommandSender:
             raise CommandNotDelivered(f"{what}: {err.str()}") from None
         except BufferError:
             self._producer.poll(1)
-            self._producer.produce(topic, value, key, partition=partition, on_delivery=delivered)
+            self._producer.produce(topic, value, key, **kwargs)
         self._producer.poll(0)
 
     def flush(self, timeout: float) -> None:
@@ -499,9 +532,15 @@ class Listener:
 
 
 def read_to_end(
-    config: Config, topic: str, *, idle_timeout: float = 30.0, batch: int = 10_000
+    config: Config,
+    topic: str,
+    *,
+    idle_timeout: float = 30.0,
+    batch: int = 10_000,
+    partitions: Iterable[int] | None = None,
 ) -> Iterator[list[LogRecord]]:
-    """Every committed record of ``topic`` from its start to its end, in batches.
+    """Every committed record of ``topic`` (of those of its ``partitions`` that exist,
+    default all) from its start to its end, in batches.
 
     Raises:
         KafkaUnavailable: no broker answers.
@@ -529,7 +568,9 @@ def read_to_end(
             ) from None
         if md is None or md.error is not None or not md.partitions:
             raise LookupError(f"topic {topic!r} does not exist")
-        parts = sorted(md.partitions)
+        parts = sorted(
+            md.partitions if partitions is None else set(partitions) & set(md.partitions)
+        )
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
         at_end: set[int] = set()
         idle_since = time.monotonic()

@@ -2,17 +2,28 @@
 
 Facts, lifecycle events and self-addressed commands go to the partition of their run
 (journal and commands are co-partitioned, and lifecycle follows them); replies and dead
-letters to the partition Kafka's partitioner picks for their key.
+letters to the partition Kafka's partitioner picks for their key. `commit` produces them
+and the consumed offsets in one transaction.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import NamedTuple
 
 from runstream.engine.partitioner import partition_for
 from runstream.engine.work import Batch
 from runstream.schemas.codec import Codec
+from runstream.topics.base import EngineLog, TransactionAborted
 from runstream.topics.spec import Topics
+
+log = logging.getLogger("runstream.worker")
+
+
+class Committed(NamedTuple):
+    encoded: dict[str, list[bytes]]  # each run's facts as produced (the projection's rows)
+    ends: dict[int, int]  # the journal's end per partition written
 
 
 class Out(NamedTuple):
@@ -46,3 +57,32 @@ def outbox(
     for fw in fx.forwards:
         out.append(Out(topics.commands, fw.partition, fw.key, fw.value))
     return out, encoded
+
+
+def commit(
+    engine_log: EngineLog,
+    b: Batch,
+    topics: Topics,
+    codec: Codec,
+    position: Callable[[int], int],
+) -> Committed | None:
+    """Produce everything ``b`` decided and commit it with the consumed offsets, in one
+    transaction; None when it had to be aborted (the batch is then redone).
+    ``position(p)`` is the next command offset of an owned partition ``b`` did not consume."""
+    records, encoded = outbox(b, topics, codec, engine_log.partitions)
+    engine_log.begin()
+    try:
+        for record in records:
+            engine_log.produce(*record)
+        # Offsets of every partition this transaction writes to, consumed from or not:
+        # the group generation they carry fences a zombie that lost p (KIP-447).
+        written = {b.partition_of(f.run_id) for f in b.effects.facts} | b.consumed.keys()
+        engine_log.send_offsets(
+            {p: b.consumed[p][1] + 1 if p in b.consumed else position(p) for p in written}
+        )
+        ends = engine_log.commit()
+    except TransactionAborted as exc:
+        log.warning("transaction aborted (%s); redoing the batch", exc)
+        engine_log.abort()
+        return None
+    return Committed(encoded, ends)

@@ -1,0 +1,132 @@
+"""The partitions an engine instance owns: each one's projection, the next command offset
+its transactions commit, and where the commands no former owner can have seen begin.
+
+Kafka assigns and revokes partitions inside ``poll()``; an assigned partition is restored
+(its projection caught up with its journal) before any of its commands is decided.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from runstream.engine.state import RunState
+from runstream.engine.work import Batch, LogRecord, StepOutcome, Work
+from runstream.projections.store import PartitionStore, catch_up
+from runstream.schemas.codec import Codec
+from runstream.topics.base import EngineLog
+from runstream.topics.outbox import Committed
+
+log = logging.getLogger("runstream.worker")
+
+#: (partition, the run before, the run after) for each run a committed batch changed
+Change = tuple[int, RunState, RunState]
+
+
+@dataclass
+class _Owned:
+    store: PartitionStore
+    position: int  # next command offset; committed by every transaction that writes p
+    fresh_from: int  # commands from here on no former owner can have seen
+
+
+class Partitions:
+    """The owned partitions, by number; ``leaving`` ones are being handed over."""
+
+    def __init__(self, state_dir: Path, codec: Codec) -> None:
+        self.state_dir, self.codec = state_dir, codec
+        self.leaving: set[int] = set()  # start none of their steps
+        self._owned: dict[int, _Owned] = {}
+        self._to_restore: list[int] = []
+
+    def __contains__(self, p: object) -> bool:
+        return p in self._owned
+
+    def __len__(self) -> int:
+        return len(self._owned)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self._owned))
+
+    def assigned(self, partitions: list[int]) -> None:
+        self._to_restore.extend(partitions)
+
+    def restore(
+        self, engine_log: EngineLog, stopping: Callable[[], bool]
+    ) -> dict[int, PartitionStore]:
+        """Catch every newly assigned partition up with its journal, all in one pass, and
+        own it; the stores restored (none when stopped first)."""
+        if not self._to_restore:
+            return {}
+        started, partitions = time.monotonic(), sorted(self._to_restore)
+        self._to_restore = []
+        positions = engine_log.committed(partitions)
+        ends = engine_log.end_offsets(partitions)
+        stores = {p: PartitionStore(self.state_dir / f"p{p}", self.codec) for p in partitions}
+        offsets = {p: s.journal_offset for p, s in stores.items()}
+        facts = catch_up(stores, engine_log.read_journal(offsets, stopping))
+        if stopping():
+            for store in stores.values():
+                store.close()
+            return {}
+        for p, store in stores.items():
+            self._owned[p] = _Owned(store, positions[p], ends[p])
+        engine_log.resume(partitions)
+        log.info(
+            "partitions %s restored: %d facts in %.2fs",
+            partitions,
+            facts,
+            time.monotonic() - started,
+        )
+        return stores
+
+    @property
+    def restoring(self) -> bool:
+        return bool(self._to_restore)
+
+    def release(self, partitions: list[int]) -> None:
+        """``partitions`` are no longer ours: close their projections."""
+        for p in partitions:
+            owned = self._owned.pop(p, None)
+            if owned is not None:
+                owned.store.close()
+            if p in self._to_restore:
+                self._to_restore.remove(p)
+        self.leaving -= set(partitions)
+
+    def close(self) -> None:
+        self.release(list(self._owned))
+
+    def load(self, p: int, run_id: str) -> RunState:
+        return self._owned[p].store.get(run_id)
+
+    def running(self, p: int) -> list[str]:
+        """The runs of ``p`` with a step started and not ended."""
+        return list(self._owned[p].store.running())
+
+    def position(self, p: int) -> int:
+        return self._owned[p].position
+
+    def fresh(self, item: Work) -> bool:
+        """Work no former process of this partition can have seen: its steps may run
+        before their start is committed (`engine.steps.chain`)."""
+        if isinstance(item, LogRecord):
+            return item.offset >= self._owned[item.partition].fresh_from
+        return isinstance(item, StepOutcome) and not item.isolated
+
+    def project(self, b: Batch, written: Committed) -> list[Change]:
+        """After the commit: move the positions, write the facts to the projections."""
+        for p, (_, last) in b.consumed.items():
+            self._owned[p].position = last + 1
+        by_partition: dict[int, list[tuple[RunState, RunState, list[bytes]]]] = {}
+        for run_id, data in written.encoded.items():
+            w = b.runs[run_id]
+            by_partition.setdefault(w.partition, []).append((w.before, w.after, data))
+        changes: list[Change] = []
+        for p, runs in by_partition.items():
+            self._owned[p].store.commit(runs, written.ends[p])
+            changes += [(p, before, after) for before, after, _ in runs]
+        return changes
