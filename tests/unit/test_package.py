@@ -88,7 +88,11 @@ def test_the_core_imports_neither_the_shell_nor_io():
 
 def test_the_runtime_never_imports_the_dev_tools():
     importers = {p for p in _importers("runstream.dev") if p != "dev"}
-    assert importers == {"cli"}  # `runstream kafka up|down|status`
+    assert importers == {"cli", "."}  # `runstream kafka up|down|status`, and at the root:
+    at_root = {
+        p.name for p in SRC.glob("*.py") if any(m.startswith("runstream.dev") for m in _modules(p))
+    }
+    assert at_root == {"pytest_plugin.py"}  # the `runstream_kafka` fixture
 
 
 def test_every_subpackage_says_who_may_import_it():

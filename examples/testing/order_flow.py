@@ -1,0 +1,60 @@
+"""An order workflow to test with `runstream.testing` (see test_order_flow.py beside it).
+
+Stock is reserved and the card charged (each undone if the order fails), a person
+approves within two days, the parcel ships, and after the 30-day return window the
+order is closed.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+import runstream
+
+app = runstream.App("orders")
+
+
+class Order(BaseModel):
+    id: str
+    amount: float
+
+
+@app.step
+def reserve_stock(order: Order) -> str:
+    return f"rsv-{order.id}"
+
+
+@app.step
+def release_stock(order: Order) -> None:
+    pass
+
+
+@app.step(retries=3, backoff=2.0)  # waits 2 s, 4 s, 8 s between attempts
+def charge_card(order: Order) -> str:
+    return f"pay-{order.id}"  # a real one would call the payment provider
+
+
+@app.step
+def refund_card(order: Order) -> None:
+    pass
+
+
+@app.step
+def ship(order: Order, approved_by: str) -> str:
+    return f"track-{order.id}"
+
+
+@app.step
+def close_order(order: Order) -> None:
+    pass
+
+
+@app.workflow
+async def order_flow(ctx: runstream.Context, order: Order) -> dict:
+    await ctx.step(reserve_stock, order, compensate=release_stock)
+    payment = await ctx.step(charge_card, order, compensate=refund_card)
+    approval = await ctx.wait_for_signal("approve", timeout="2d")
+    tracking = await ctx.step(ship, order, approval["by"])
+    await ctx.sleep("30d")  # the return window
+    await ctx.step(close_order, order)
+    return {"payment": payment, "tracking": tracking, "approved_by": approval["by"]}

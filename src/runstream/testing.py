@@ -1,0 +1,340 @@
+"""Test workflows in-process: the engine's own core, no broker, a clock that skips time.
+
+    from runstream.testing import WorkflowTester
+
+    t = WorkflowTester(app, steps={"charge": fake_charge})   # fakes by step name or function
+    run = t.start("checkout", {"amount": 10}, run_id="o-1")  # runs until it ends or waits
+    t.signal("o-1", "approve", {"by": "ann"})
+    t.run_until_idle()            # jumps to each next timer: a 30-day sleep takes no time
+    assert run.result() == {...}
+
+Commands go through the engine's `Decider` as Avro records, exactly as they come from
+Kafka, so the rules are the production ones: replay, non-determinism (the run is parked,
+with the reason), retries with backoff, compensation, signals buffered until awaited,
+dead letters. The tester plays the shell around the core in the simplest way: every
+batch commits, step bodies (or their fakes) run at once in the test's thread, and the
+clock moves only when the test says so. Each activation replays the workflow from the
+start, as after a restart, so code that no longer fits its history shows at once.
+
+Not played here: Kafka itself, crashes and rebalances, the activation time budget (a
+breakpoint in workflow code must not park the run). Integration tests use the
+``runstream_kafka`` fixture of the pytest plugin (`runstream.pytest_plugin`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from runstream.engine import payload
+from runstream.engine.decide import Decider
+from runstream.engine.replay import Replayer
+from runstream.engine.state import RunState, Status
+from runstream.engine.steps import execute
+from runstream.engine.timers import TimerQueue
+from runstream.engine.work import Batch, LogRecord, StepJob, Work
+from runstream.engine.workflow import seconds, step_def
+from runstream.errors import (
+    RunCancelled,
+    RunFailed,
+    RunNotFound,
+    RunRejected,
+    RunstreamError,
+)
+from runstream.schemas.codec import Codec
+from runstream.schemas.records import (
+    Cancel,
+    Command,
+    DeadLetter,
+    Fact,
+    Reason,
+    Signal,
+    StartRun,
+)
+from runstream.topics.spec import Topics
+
+if TYPE_CHECKING:
+    from runstream.app import App
+
+__all__ = ["EndlessTimers", "Run", "RunNotFinished", "StepAttempt", "WorkflowTester"]
+
+PARTITION = 0  # the tester is one engine instance owning the namespace's only partition
+EPOCH = datetime(2025, 1, 1, tzinfo=UTC)  # the fake clock's default start: tests repeat
+
+Duration = float | int | str | timedelta
+
+
+class RunNotFinished(RunstreamError):
+    """`Run.result()` of a run that has not ended (it waits, or it is parked)."""
+
+
+class EndlessTimers(RunstreamError):
+    """`WorkflowTester.run_until_idle` fired its limit of timers and more keep coming."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepAttempt:
+    """One step body the tester ran (a fake's call included)."""
+
+    run_id: str
+    name: str
+    args: tuple[Any, ...]
+    attempt: int
+    seq: int  # the step's sequence number; -n is the compensation of step n
+    ok: bool
+    output: Any  # what it returned, as JSON (None when it failed)
+    error: str | None
+
+    @property
+    def compensation(self) -> bool:
+        return self.seq < 0
+
+
+class Run:
+    """A run the tester knows, read live: each property shows the run as it is now."""
+
+    def __init__(self, tester: WorkflowTester, run_id: str) -> None:
+        self._tester, self.run_id = tester, run_id
+
+    def __repr__(self) -> str:
+        return f"<Run {self.run_id!r} {self.status}>"
+
+    @property
+    def state(self) -> RunState:
+        """The engine's state of the run (as its projection holds it)."""
+        return self._tester._state(self.run_id)
+
+    @property
+    def status(self) -> str:
+        """running, compensating, parked, completed, failed, cancelled, dead or rejected."""
+        return str(self.state.status)
+
+    def result(self) -> Any:
+        """The run's output, following continue-as-new, as `Client.result` gives it.
+        Raises RunFailed, RunCancelled, RunRejected, or RunNotFinished."""
+        st = self.state
+        while st.status is Status.COMPLETED and st.continued_as:
+            st = self._tester._state(st.continued_as)
+        match st.status:
+            case Status.COMPLETED:
+                return payload.loads(st.output or b"null")
+            case Status.CANCELLED:
+                raise RunCancelled(st.run_id, st.reason or "")
+            case Status.REJECTED:
+                raise RunRejected(st.run_id, st.code or "", st.reason or "")
+            case Status.FAILED | Status.DEAD:
+                raise RunFailed(st.run_id, st.error or st.reason or "", st.status)
+        why = f": {st.reason}" if st.reason else ""
+        raise RunNotFinished(f"run {st.run_id!r} has not finished, it is {st.status}{why}")
+
+    @property
+    def error(self) -> str | None:
+        """A failed run's error."""
+        return self.state.error
+
+    @property
+    def reason(self) -> str | None:
+        """Why the run is parked, cancelled, dead or rejected."""
+        return self.state.reason
+
+    @property
+    def history(self) -> list[Fact]:
+        """The run's journal facts, in order."""
+        return [f for f in self._tester.journal if f.run_id == self.run_id]
+
+    @property
+    def steps(self) -> list[StepAttempt]:
+        """The step bodies run for this run, in order (retries and compensations too)."""
+        return [s for s in self._tester.steps_run if s.run_id == self.run_id]
+
+
+class WorkflowTester:
+    """Runs an App's workflows in-process, on a fake clock.
+
+    Args:
+        app: the App whose workflows and steps to run.
+        steps: fakes, by step name or step function: called instead of the step's body,
+            with its arguments; the step keeps its name, retry policy and output type.
+        now: where the fake clock starts (2025-01-01 UTC by default).
+    """
+
+    def __init__(
+        self,
+        app: App,
+        steps: Mapping[str | Callable[..., Any], Callable[..., Any]] | None = None,
+        *,
+        now: datetime = EPOCH,
+    ) -> None:
+        self.app = app
+        registry = app.registry
+        self._decider = Decider(
+            registry,
+            partitions=1,
+            journal_topic=Topics(app.namespace).journal,  # named by dead letters
+            max_recovery_attempts=app.max_recovery_attempts,
+        )
+        # No coroutine cache: every activation replays from the start (see the module doc).
+        self._decider.rules.replayer = Replayer(registry, size=0)
+        self._fakes = {
+            key if isinstance(key, str) else _step_name(app, key): fake
+            for key, fake in (steps or {}).items()
+        }
+        self._codec = Codec.default()
+        self._commands = Topics(app.namespace).commands
+        self._now = int(now.timestamp() * 1000)
+        self._states: dict[str, RunState] = {}
+        self._timers = TimerQueue()
+        self._work: deque[Work] = deque()
+        self._offset = 0
+        self._run_ids = 0
+        self._signal_ids = 0
+        self.journal: list[Fact] = []
+        self.steps_run: list[StepAttempt] = []
+        self.dead_letters: list[DeadLetter] = []
+
+    # -- what tests do ---------------------------------------------------------------
+    @property
+    def now(self) -> datetime:
+        """The fake clock."""
+        return datetime.fromtimestamp(self._now / 1000, UTC)
+
+    def start(
+        self,
+        workflow: str | Callable[..., Any],
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        version: str | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> Run:
+        """Start a run (by workflow name or function) and run it until it ends or waits.
+        A start the engine refuses gives a run whose status is ``rejected``."""
+        name = getattr(workflow, "__runstream_workflow__", workflow)
+        if not isinstance(name, str):
+            raise TypeError(f"{workflow!r} is not a workflow registered on {self.app!r}")
+        if run_id is None:
+            self._run_ids += 1
+            run_id = f"{name}-{self._run_ids}"
+        self._send(StartRun(run_id, name, payload.dumps(input), version, tags=dict(tags or {})))
+        return Run(self, run_id)
+
+    def run(self, run_id: str) -> Run:
+        """The run ``run_id``. Raises RunNotFound."""
+        st = self._states.get(run_id)
+        if st is None or not (st.exists or st.status is Status.REJECTED):
+            raise RunNotFound(f"no run {run_id!r} was started in this tester")
+        return Run(self, run_id)
+
+    def signal(self, run_id: str, name: str, value: Any = None, signal_id: str = "") -> None:
+        """Send signal ``name`` to a run and let it go on. Raises RunNotFound."""
+        if not signal_id:
+            self._signal_ids += 1
+            signal_id = f"test-signal-{self._signal_ids}"
+        self._send(Signal(run_id, name, payload.dumps(value), signal_id))
+
+    def cancel(self, run_id: str, *, compensate: bool = False, reason: str = "") -> None:
+        """Cancel a run (see `Client.cancel`). Raises RunNotFound."""
+        self._send(Cancel(run_id, compensate, reason))
+
+    def advance(self, duration: Duration) -> None:
+        """Let ``duration`` of fake time pass (seconds, "10m", "1d", a timedelta): the
+        sleeps, step retries and signal timeouts due meanwhile fire at their due times,
+        in order, and the runs go on from each."""
+        until = self._now + _ms(duration)
+        while (due := self._timers.next_due()) is not None and due <= until:
+            self._fire_next(due)
+        self._now = until
+
+    def run_until_idle(self, max_timers: int = 100_000) -> None:
+        """Let time run until no timer is left: every run has ended or waits for a
+        signal (or is parked). Raises EndlessTimers past ``max_timers`` timers."""
+        for _ in range(max_timers):
+            due = self._timers.next_due()
+            if due is None:
+                return
+            self._fire_next(due)
+        if self._timers.next_due() is not None:
+            raise EndlessTimers(f"{max_timers} timers fired and more keep coming")
+
+    # -- the shell around the core -----------------------------------------------------
+    def _state(self, run_id: str) -> RunState:
+        return self._states.get(run_id) or RunState(run_id)
+
+    def _send(self, cmd: Command) -> None:
+        """``cmd`` arrives on the commands topic, as any producer's would; then everything
+        it makes runnable runs."""
+        dead = len(self.dead_letters)
+        self._queue_command(cmd)
+        self._drain()
+        for letter in self.dead_letters[dead:]:
+            if letter.run_id == cmd.run_id and letter.code == Reason.UNKNOWN_RUN:
+                raise RunNotFound(letter.reason)
+
+    def _queue_command(self, cmd: Command) -> None:
+        self._offset += 1
+        key = cmd.run_id.encode()
+        value = self._codec.encode(cmd)
+        self._work.append(LogRecord(self._commands, PARTITION, self._offset, key, value))
+
+    def _fire_next(self, due: int) -> None:
+        self._now = max(self._now, due)
+        self._work.extend(self._timers.pop_due(self._now, 1))
+        self._drain()
+
+    def _drain(self) -> None:
+        """Decide the queued work one item at a time, each a committed batch, until
+        nothing is left: step bodies run as soon as their start is recorded."""
+        while self._work:
+            b = Batch(lambda _p, run_id: self._state(run_id), self._now)
+            self._decider.handle(b, self._work.popleft())
+            self._commit(b)
+
+    def _commit(self, b: Batch) -> None:
+        fx = b.effects
+        for fact in fx.facts:
+            self._codec.encode(fact)  # what cannot be journaled fails here, as in the engine
+        for run_id, w in b.runs.items():
+            self._states[run_id] = w.after
+            self._timers.update(PARTITION, run_id, w.before.timers(), w.after.timers())
+        self.journal += fx.facts
+        self.dead_letters += fx.dead_letters
+        for cmd in fx.commands:  # a continue-as-new's StartRun
+            self._queue_command(cmd)
+        for job in fx.steps:
+            self._work.append(self._execute(job))
+
+    def _execute(self, job: StepJob) -> Work:
+        fake = self._fakes.get(job.step.name)
+        if fake is not None:
+            is_async = inspect.iscoroutinefunction(inspect.unwrap(fake))
+            job = replace(job, step=replace(job.step, fn=fake, is_async=is_async))
+        outcome = execute(job)
+        output = payload.loads(outcome.output) if outcome.ok else None
+        self.steps_run.append(
+            StepAttempt(
+                job.run_id,
+                job.step.name,
+                job.args,
+                job.attempt,
+                job.seq,
+                outcome.ok,
+                output,
+                outcome.error,
+            )
+        )
+        return outcome
+
+
+def _step_name(app: App, fn: Callable[..., Any]) -> str:
+    """The name ``fn`` runs under as a step (registered or not)."""
+    sd = app.registry.steps.get(fn)
+    return sd.name if sd is not None else step_def(fn).name
+
+
+def _ms(duration: Duration) -> int:
+    secs = duration.total_seconds() if isinstance(duration, timedelta) else seconds(duration)
+    return int(secs * 1000)
