@@ -12,6 +12,7 @@ from runstream.audit import check_run
 from runstream.engine import payload
 from runstream.engine.limits import Limits
 from runstream.engine.reducer import fold
+from runstream.engine.replay import Blocked, replay
 from runstream.engine.workflow import Registry, StepPolicy, step_def, workflow_def
 from runstream.errors import SignalTimeout, StepError, TerminalStepError
 from runstream.schemas.records import StartRun
@@ -400,6 +401,24 @@ def test_a_handed_over_step_starts_again_with_its_attempt_and_no_charge():
     assert core.state("r").status == "completed" and core.state("r").recoveries == 0
     assert "RunRecovered" not in core.names("r")
     assert check_run(core.facts("r"), expect_finished=True) == []
+
+
+def test_replaying_a_run_whose_step_was_handed_over_blocks_on_that_step():
+    """Before its next owner starts it again, a handed-over step is still the step the
+    code asked for (`runstream replay` replays such runs): not a failure of the code."""
+
+    async def wf(ctx) -> int:
+        x = await ctx.step(add_one, 1)
+        return await ctx.step(add_one, x)
+
+    reg = registry(wf)
+    core = Core(reg)
+    core.auto_run_steps = False
+    core.start("r", "wf")
+    core.hand_over("r", began=frozenset({1}))
+    state = fold("r", core.facts("r"))
+    outcome = replay(reg.latest("wf"), state, reg, core.now).outcome
+    assert isinstance(outcome, Blocked) and outcome.request.seq == 1, outcome
 
 
 def test_a_handover_leaves_a_run_without_open_steps_alone():

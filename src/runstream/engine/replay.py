@@ -37,6 +37,7 @@ from runstream.schemas.records import (
     SignalTimedOut,
     StepCompleted,
     StepFailed,
+    StepHandedOver,
     StepStarted,
     TimerFired,
     TimerScheduled,
@@ -143,7 +144,7 @@ class _Suspend:
 def _op(fact: SeqFact) -> str:
     """What a fact records at its sequence number, as the code must ask for it."""
     match fact:
-        case StepStarted() | StepCompleted() | StepFailed():
+        case StepStarted() | StepCompleted() | StepFailed() | StepHandedOver():
             return f"step {fact.name}"
         case TimerScheduled() | TimerFired():
             return "sleep"
