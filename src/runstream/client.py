@@ -35,9 +35,11 @@ from runstream.schemas.records import (
     Cancel,
     Command,
     Query,
+    Retry,
     Signal,
     StartRun,
     Status,
+    continuation_of,
     run_id_problem,
 )
 from runstream.schemas.records import (
@@ -48,6 +50,7 @@ from runstream.topics.admin import client_config
 from runstream.topics.kafka import CommandSender, Listener
 from runstream.topics.spec import Topics
 
+_KEEP: Any = object()  # Client.retry without new input
 _EXPECTED = 10_000  # starts whose answer this client remembers to expect
 
 
@@ -175,9 +178,27 @@ class Client:
             Signal(run_id, name, payload.dumps(value), signal_id or uuid.uuid4().hex, _now_ms())
         )
 
-    def cancel(self, run_id: str, *, compensate: bool = False, reason: str = "") -> None:
-        """Cancel a run (after its compensations if ``compensate``); a finished run stays."""
-        self._send(Cancel(run_id, compensate, reason, _now_ms()))
+    def cancel(
+        self, run_id: str, *, compensate: bool = False, reason: str = "", wait: bool = True
+    ) -> None:
+        """Cancel a run (after its compensations if ``compensate``); a finished run stays.
+        ``wait=False`` returns before Kafka acknowledged it (see `start`)."""
+        self._send(Cancel(run_id, compensate, reason, _now_ms()), wait)
+
+    def retry(self, run_id: str, *, input: Any = _KEEP, reason: str = "") -> str:
+        """Let a failed or dead run go on from its last completed step (the steps after it
+        that failed run again; no completed step does), or try a parked run again now;
+        other runs stay as they are, and a run that compensated can't go on. Returns the
+        id of the run that goes on.
+
+        With ``input``, an ended run is retried instead as a new run of the newest version
+        of its workflow, ``<run_id>~<n>``, with that input; both histories link the two.
+        A refused retry goes to the dead-letter topic with its reason."""
+        if input is _KEEP:
+            self._send(Retry(run_id, reason, sent_at_ms=_now_ms()))
+            return run_id
+        self._send(Retry(run_id, reason, payload.dumps(input), _now_ms()))
+        return continuation_of(run_id)
 
     # -- questions -------------------------------------------------------------------
     def get_run(self, run_id: str, timeout: float = 10.0) -> RunInfo:

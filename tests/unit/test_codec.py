@@ -51,6 +51,8 @@ def _sample(avro_type: Any) -> Any:
         return _sample(next(t for t in avro_type if t != "null"))
     if avro_type["type"] == "map":
         return {"a": _sample(avro_type["values"]), "b": _sample(avro_type["values"])}
+    if avro_type["type"] == "array":
+        return [_sample(avro_type["items"]), -3, 300]
     raise AssertionError(f"no sample for {avro_type!r}")
 
 
@@ -71,7 +73,7 @@ def codec() -> Codec:
 
 
 def test_every_shipped_file_is_a_documented_runstream_record() -> None:
-    assert len(SHIPPED) == 30
+    assert len(SHIPPED) == 33
     for filename, schema in ALL_FILES.items():
         assert filename.startswith(f"runstream.{schema['name']}.")
         assert schema["namespace"] == "runstream"
@@ -101,6 +103,7 @@ FIELDS = {
     ],
     "Signal": ["run_id", "name", "payload", "signal_id", "sent_at_ms"],
     "Cancel": ["run_id", "compensate", "reason", "sent_at_ms"],
+    "Retry": ["run_id", "reason", "input", "sent_at_ms"],
     "StepResult": ["run_id", "seq", "attempt", "ok", "output", "error", "traceback", "attempt_id"],
     "Query": ["run_id", "request_id", "reply_to", "wait"],
     "RunStarted": [
@@ -132,6 +135,8 @@ FIELDS = {
     "RunCancelled": [*_FACT, "reason"],
     "RunParked": [*_FACT, "reason"],
     "RunDead": [*_FACT, "reason"],
+    "RunRetried": [*_FACT, "seqs", "reason"],
+    "RetriedAsNew": [*_FACT, "new_run_id", "reason"],
     "LifecycleEvent": [
         "type",
         "run_id",
@@ -148,6 +153,8 @@ FIELDS = {
         "reason",
         "continued_as",
         "code",
+        "tags",
+        "input",
     ],
     "StepTask": ["run_id", "seq", "attempt", "name", "args", "deadline_ms"],
     "DeadLetter": [
@@ -160,6 +167,7 @@ FIELDS = {
         "run_id",
         "at_ms",
         "code",
+        "redrives",
     ],
     "RunInfo": [
         "request_id",
@@ -199,6 +207,8 @@ _AVRO_TYPES = {"string": str, "bytes": bytes, "int": int, "long": int, "boolean"
 def _python_type(avro_type: Any) -> Any:
     if isinstance(avro_type, list):  # ["null", T]
         return _python_type(avro_type[1]) | None
+    if isinstance(avro_type, dict) and avro_type["type"] == "array":  # of ints
+        return list[_python_type(avro_type["items"])]
     if isinstance(avro_type, dict):  # a map of strings
         return dict[str, _python_type(avro_type["values"])]
     return _AVRO_TYPES[avro_type]

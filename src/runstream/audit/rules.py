@@ -13,7 +13,9 @@ Per run (ARCHITECTURE.md section 7):
   a step starts again while running only after a RunRecovered; a StepHandedOver lets
   the open attempt go, and the next StepStarted of that seq repeats its attempt number;
 - a finished run has exactly one terminal fact (RunCompleted, RunFailed, RunCancelled,
-  RunDead) and nothing after it;
+  RunDead) and nothing after it, unless a RunRetried lets a failed or dead run go on:
+  then the final failures it names are open again, as retries, and nothing else is; an
+  ended run may also name, once, the new run it was retried as (RetriedAsNew);
 - every dead run has a ``run-dead`` record on the dlq;
 - a run that has not finished is suspended for a reason: a step in flight, a retry
   scheduled, an open timer, an open signal wait, or parked (or it was only rejected).
@@ -31,9 +33,11 @@ from dataclasses import dataclass
 from runstream.schemas.records import (
     END_FACTS,
     Fact,
+    RetriedAsNew,
     RunParked,
     RunRecovered,
     RunRejected,
+    RunRetried,
     RunStarted,
     SignalAwaited,
     SignalBuffered,
@@ -103,6 +107,7 @@ class RunCheck:
         "completed",
         "dead_lettered",
         "facts",
+        "failed_attempt",
         "first",
         "key",
         "open",
@@ -110,6 +115,7 @@ class RunCheck:
         "partition",
         "problems",
         "recovering",
+        "retried_as",
         "run_id",
         "seqs",
         "settled",
@@ -137,6 +143,8 @@ class RunCheck:
         self.completed: set[int] = set()  # steps with a StepCompleted
         self.seqs: set[int] = set()
         self.recovering: set[int] = set()  # seqs with a RunRecovered, not yet restarted
+        self.failed_attempt: dict[int, int] = {}  # seq -> attempt of its final StepFailed
+        self.retried_as = False  # a RetriedAsNew was seen
 
     def _bad(self, message: str, *positions: int) -> None:
         self.problems.append((message, positions))
@@ -150,6 +158,16 @@ class RunCheck:
             if not isinstance(fact, RunStarted | RunRejected):
                 self._bad(f"first fact is {name}, not RunStarted", pos)
         seq = getattr(fact, "seq", None)
+        if isinstance(fact, RunRetried):
+            self._retried(fact, pos)
+            return
+        if isinstance(fact, RetriedAsNew):
+            if self.status is None:
+                self._bad("RetriedAsNew of a run that has not ended", pos)
+            elif self.retried_as:
+                self._bad("a second RetriedAsNew", pos)
+            self.retried_as = True
+            return
         if self.status is not None:  # nothing may follow the end
             self.after_end.append((name, pos))
             if settles(fact) and seq is not None:
@@ -265,6 +283,20 @@ class RunCheck:
             self.settled[seq] = (name, pos)
             if isinstance(fact, StepCompleted):
                 self.completed.add(seq)
+            else:
+                self.failed_attempt[seq] = attempt
+
+    def _retried(self, fact: RunRetried, pos: int) -> None:
+        if self.status not in ("failed", "dead") or self.after_end:
+            self._bad(f"RunRetried of a run that is {self.status or 'not finished'}", pos)
+            return
+        self.status, self.terminal_at = None, -1
+        for seq in fact.seqs:
+            if self.settled.get(seq, ("",))[0] != "StepFailed" or seq in self.completed:
+                self._bad(f"RunRetried reopens seq {seq}, which did not fail for good", pos)
+                continue
+            del self.settled[seq]
+            self.open[seq] = ("StepFailed", self.failed_attempt[seq], pos)
 
     def _settled_twice(self, name: str, seq: int, pos: int) -> bool:
         earlier = self.settled.get(seq)
@@ -284,8 +316,12 @@ class RunCheck:
         if 0 in self.seqs:
             self._bad("sequence number 0 is used")
         if self.status is not None:  # a finished run keeps only what spots a duplicate
-            for container in (self.open, self.seqs, self.recovering, self.completed):
-                container.clear()
+            self.open.clear()
+            self.recovering.clear()
+            if self.status not in ("failed", "dead"):  # those may be retried
+                self.seqs.clear()
+                self.completed.clear()
+                self.failed_attempt.clear()
 
     def waiting_for(self) -> str | None:
         """Why an unfinished run may wait (None: it waits for nothing, it is stuck)."""

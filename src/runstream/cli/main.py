@@ -19,7 +19,11 @@ import click
 
 from runstream.cli import options
 from runstream.cli.audit_cmd import audit
+from runstream.cli.dlq_cmd import dlq
 from runstream.cli.kafka_cmd import kafka
+from runstream.cli.replay_cmd import replay_cmd
+from runstream.cli.runs_cmd import runs, versions
+from runstream.cli.runs_ops import cancel_where, resume, retry
 from runstream.cli.topics_cmd import topics
 from runstream.errors import RunstreamError
 from runstream.instance import read_health
@@ -57,6 +61,12 @@ def cli(verbose: bool) -> None:
 cli.add_command(audit)
 cli.add_command(kafka)
 cli.add_command(topics)
+cli.add_command(runs)
+for command in (retry, resume, cancel_where):  # defined beside runs_cmd: they act on runs
+    runs.add_command(command)
+cli.add_command(versions)
+cli.add_command(replay_cmd)
+cli.add_command(dlq)
 
 
 def load_app(target: str) -> Any:

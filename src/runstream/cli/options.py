@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
+from runstream.errors import TopicError
 from runstream.settings import Settings
+from runstream.topics.admin import client_config, wait_for_cluster
+from runstream.topics.kafka import read_to_end
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -19,7 +22,13 @@ BOOTSTRAP_HELP = (
 )
 
 bootstrap = click.option("--bootstrap", default=None, help=BOOTSTRAP_HELP)
-namespace = click.option("-n", "--namespace", required=True, help="The App's namespace.")
+namespace = click.option(
+    "-n",
+    "--namespace",
+    envvar="RUNSTREAM_NAMESPACE",
+    required=True,
+    help="The App's namespace (default: $RUNSTREAM_NAMESPACE).",
+)
 
 # Settings the `worker` command takes as options (every engine knob), and how to name them.
 ENGINE_FIELDS = (
@@ -79,3 +88,16 @@ def engine_settings(values: dict[str, Any]) -> Settings:
     if extra:
         settings = settings.model_copy(update={"kafka": {**settings.kafka, **extra}})
     return settings.with_bootstrap(values.get("bootstrap"))
+
+
+def read_topic(settings: Settings, topic: str, partitions: list[int] | None) -> Iterator[list[Any]]:
+    """Batches of ``topic``'s messages (all partitions, or ``partitions``) up to its end;
+    a missing broker or topic is one clear error."""
+    config = client_config(settings.bootstrap(), settings.kafka)
+    wait_for_cluster(config, settings.connect_timeout)  # no broker: say so at once
+    try:
+        yield from read_to_end(config, topic, partitions=partitions)
+    except LookupError:
+        raise TopicError(
+            f"{topic} does not exist at {settings.bootstrap()}; check -n (the namespace)"
+        ) from None

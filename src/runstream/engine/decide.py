@@ -47,10 +47,12 @@ from runstream.schemas.records import (
     DeadLetter,
     Query,
     Reason,
+    Retry,
     RunRejected,
     Signal,
     StartRun,
     StepResult,
+    redrives_of,
     run_id_problem,
 )
 
@@ -159,6 +161,8 @@ class Decider:
                 rules.signal(b, st, cmd)
             case Cancel():
                 rules.cancel(b, st, cmd)
+            case Retry():
+                rules.retry(b, st, cmd)
             case StepResult():
                 rules.step_result(b, st, cmd)
             case Query():
@@ -227,6 +231,15 @@ class Decider:
             if value is None and rec.value:
                 reason += f" (the {len(rec.value):,}-byte value is not copied here)"
             letter = DeadLetter(
-                reason, rec.topic, rec.partition, rec.offset, key, value, run_id, b.now, code
+                reason,
+                rec.topic,
+                rec.partition,
+                rec.offset,
+                key,
+                value,
+                run_id,
+                b.now,
+                code,
+                redrives_of(rec.headers),  # an operator's redrive failed again: count it
             )
         b.effects.dead_letters.append(letter)

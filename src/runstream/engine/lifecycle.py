@@ -13,12 +13,14 @@ from runstream.schemas.records import (
     Fact,
     Kind,
     LifecycleEvent,
+    RetriedAsNew,
     RunCancelled,
     RunCompleted,
     RunDead,
     RunFailed,
     RunParked,
     RunRejected,
+    RunRetried,
     RunStarted,
     SignalAwaited,
     StepCompleted,
@@ -39,8 +41,8 @@ def event(fact: Fact, state: RunState) -> LifecycleEvent | None:
 
     run_time = fact.at_ms - state.started_at_ms
     match fact:
-        case RunStarted():
-            return ev(Kind.RUN_STARTED)
+        case RunStarted(tags=tags, input=input):
+            return ev(Kind.RUN_STARTED, tags=tags, input=input)
         case StepStarted(seq=seq, name=name, attempt=attempt):
             return ev(Kind.STEP_STARTED, seq=seq, step=name, attempt=attempt)
         case StepCompleted(seq=seq, name=name, attempt=attempt, duration_ms=ms):
@@ -80,4 +82,10 @@ def event(fact: Fact, state: RunState) -> LifecycleEvent | None:
             return ev(Kind.RUN_DEAD, duration_ms=run_time, reason=reason)
         case RunRejected(code=code, reason=reason):
             return ev(Kind.RUN_REJECTED, reason=reason, code=code)
+        case RetriedAsNew(new_run_id=successor, reason=reason):
+            why = f"{reason}: retried as {successor} with new input"
+            return ev(Kind.RUN_RETRIED, reason=why, continued_as=successor)
+        case RunRetried(seqs=seqs, reason=reason):
+            again = f"; steps {seqs} run again" if seqs else ""
+            return ev(Kind.RUN_RETRIED, reason=f"{reason}{again}")
     return None

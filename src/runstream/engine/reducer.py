@@ -8,12 +8,14 @@ One case per fact type; a fact the reducer does not know is an error, never skip
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from runstream.engine.state import RunState, Status
 from runstream.schemas.records import (
     END_FACTS,
     CompensationStarted,
     Fact,
+    RetriedAsNew,
     RunCancelled,
     RunCompleted,
     RunDead,
@@ -21,6 +23,7 @@ from runstream.schemas.records import (
     RunParked,
     RunRecovered,
     RunRejected,
+    RunRetried,
     RunStarted,
     SignalAwaited,
     SignalBuffered,
@@ -87,6 +90,10 @@ def apply(state: RunState, fact: Fact) -> RunState:
                 state.error = fact.error
             else:
                 state.reason = fact.reason
+        case RunRetried():
+            _reopen(state, fact)
+        case RetriedAsNew():
+            state.retried_as = fact.new_run_id
         case _:
             raise UnknownFactError(type(fact).__name__)
     return state
@@ -106,6 +113,18 @@ def _settle(
 ) -> None:
     state.pending.pop(fact.seq, None)
     state.resolved[fact.seq] = fact
+
+
+def _reopen(state: RunState, fact: RunRetried) -> None:
+    """A failed or dead run goes on: each final step failure of ``fact.seqs`` becomes a
+    retry due now, so the step's next attempt starts (`Rules._run_step`)."""
+    state.status, state.ended_at_ms = Status.RUNNING, None
+    state.error = state.reason = None
+    state.recoveries = 0
+    for seq in fact.seqs:
+        failed = state.resolved.pop(seq)
+        assert isinstance(failed, StepFailed)
+        state.pending[seq] = replace(failed, retry_at_ms=fact.at_ms)
 
 
 def _consume_buffered(state: RunState, signal_id: str) -> None:

@@ -155,6 +155,17 @@ def _op(fact: SeqFact) -> str:
     raise TypeError(type(fact).__name__)  # pragma: no cover - SeqFact is closed
 
 
+def requested_op(request: Request) -> str:
+    """What a suspended workflow asks for, named as `_op` names recorded operations."""
+    match request:
+        case StepCall():
+            return f"step {request.step.name}"
+        case SleepCall():
+            return "sleep"
+        case SignalWait():
+            return f"signal {request.name}"
+
+
 class Context:
     """What a workflow gets as its first argument: the durable operations.
 

@@ -42,6 +42,8 @@ from runstream.schemas.records import (
     Fact,
     Query,
     Reason,
+    RetriedAsNew,
+    Retry,
     RunCancelled,
     RunCompleted,
     RunDead,
@@ -49,6 +51,7 @@ from runstream.schemas.records import (
     RunInfo,
     RunParked,
     RunRecovered,
+    RunRetried,
     RunStarted,
     Signal,
     SignalAwaited,
@@ -106,23 +109,7 @@ class Rules:
         """StartRun: idempotent by run id."""
         if st.exists:
             return
-        wf: WorkflowDef | None
-        try:
-            if cmd.version:
-                wf = self.registry.get(cmd.workflow, cmd.version)
-                if wf is None:
-                    self.registry.latest(cmd.workflow)  # the workflow must exist at all
-            else:
-                wf = self.registry.latest(cmd.workflow)
-            if wf is not None:
-                wf.parse_input(payload.loads(cmd.input))
-        except WorkflowNotFound as exc:
-            raise Rejected(Reason.UNKNOWN_WORKFLOW, str(exc)) from exc
-        except InvalidInput as exc:
-            raise Rejected(Reason.INVALID_INPUT, str(exc)) from exc
-        except ValueError as exc:  # not JSON
-            what = f"input of workflow {cmd.workflow!r} is not JSON"
-            raise Rejected(Reason.INVALID_INPUT, f"{what}: {exc}") from exc
+        wf = self._checked(cmd.workflow, cmd.version, cmd.input)
         version = cmd.version or (wf.version if wf else "")
         self.emit(
             b,
@@ -140,6 +127,28 @@ class Rules:
             ),
         )
         self._advance(b, st)
+
+    def _checked(self, workflow: str, version: str | None, data: bytes) -> WorkflowDef | None:
+        """The workflow a start runs (None: a version this instance lacks, which parks the
+        run), once ``data`` is a valid input for it; else Rejected."""
+        wf: WorkflowDef | None
+        try:
+            if version:
+                wf = self.registry.get(workflow, version)
+                if wf is None:
+                    self.registry.latest(workflow)  # the workflow must exist at all
+            else:
+                wf = self.registry.latest(workflow)
+            if wf is not None:
+                wf.parse_input(payload.loads(data))
+        except WorkflowNotFound as exc:
+            raise Rejected(Reason.UNKNOWN_WORKFLOW, str(exc)) from exc
+        except InvalidInput as exc:
+            raise Rejected(Reason.INVALID_INPUT, str(exc)) from exc
+        except ValueError as exc:  # not JSON
+            what = f"input of workflow {workflow!r} is not JSON"
+            raise Rejected(Reason.INVALID_INPUT, f"{what}: {exc}") from exc
+        return wf
 
     def signal(self, b: Batch, st: RunState, cmd: Signal) -> None:
         if not st.exists:
@@ -174,6 +183,61 @@ class Rules:
             self._compensate(b, st)
         else:
             self.emit(b, st, RunCancelled(st.run_id, b.now, reason))
+
+    def retry(self, b: Batch, st: RunState, cmd: Retry) -> None:
+        """Let a failed or dead run go on from its last completed step: the steps after it
+        that failed for good run again, under their next attempt number; a completed step
+        never does. A parked run is tried again now. Any other run stays as it is.
+        With ``input``, see `_retry_as_new`."""
+        if not st.exists:
+            raise Rejected(Reason.UNKNOWN_RUN, f"retry of unknown run {st.run_id!r}")
+        if cmd.input is not None:
+            self._retry_as_new(b, st, cmd.input, self.limits.clip(cmd.reason or "retried"))
+            return
+        if st.status is Status.PARKED:
+            self._advance(b, st)
+            return
+        if st.status not in (Status.FAILED, Status.DEAD):
+            return  # running again already (a repeated retry), or ended for good
+        if st.compensation is not None:
+            raise Rejected(
+                Reason.NOT_RETRYABLE,
+                f"run {st.run_id!r} compensated its steps before it ended: it cannot go "
+                "on; start a new run with the corrected input instead",
+            )
+        last_completed = max(
+            (s for s, f in st.resolved.items() if isinstance(f, StepCompleted)), default=0
+        )
+        failed = sorted(
+            s for s, f in st.resolved.items() if isinstance(f, StepFailed) and s > last_completed
+        )
+        reason = self.limits.clip(cmd.reason or "retried")
+        self.emit(b, st, RunRetried(st.run_id, b.now, failed, reason))
+        self._advance(b, st)
+
+    def _retry_as_new(self, b: Batch, st: RunState, data: bytes, reason: str) -> None:
+        """An ended run is retried as a new run, ``<run_id>~<n>``, of the newest version of
+        its workflow with corrected input, started in this transaction; each history links
+        to the other (RetriedAsNew here, the tag ``retry_of`` there)."""
+        run_id = st.run_id
+        if not st.terminal or st.continued_as or st.retried_as:
+            why = (
+                f"it is {st.status}"
+                if not st.terminal
+                else f"it already carries on as {st.continued_as or st.retried_as}"
+            )
+            raise Rejected(
+                Reason.NOT_RETRYABLE, f"run {run_id!r} can't be retried with new input: {why}"
+            )
+        self._checked(st.workflow, None, data)
+        tags = {**st.tags, "retry_of": run_id}
+        size = len(data) + sum(len(k) + len(v) for k, v in tags.items())
+        problem = self.limits.too_large("the new input with the run's tags", size)
+        if problem:
+            raise Rejected(Reason.OVERSIZE, problem)
+        successor = continuation_of(run_id)
+        self.emit(b, st, RetriedAsNew(run_id, b.now, successor, reason))
+        self._start_successor(b, st, successor, data, tags)
 
     def step_result(self, b: Batch, st: RunState, cmd: StepResult) -> None:
         """A remote step's result: accepted only for the attempt the engine dispatched."""
@@ -429,18 +493,7 @@ class Rules:
                     return False
                 successor = continuation_of(run_id)
                 self.emit(b, st, RunCompleted(run_id, now, b"null", successor))
-                b.effects.commands.append(
-                    StartRun(
-                        successor,
-                        st.workflow,
-                        data,
-                        None,
-                        st.parent_run_id,
-                        dict(st.tags),
-                        now,
-                        continued_from=run_id,
-                    )
-                )
+                self._start_successor(b, st, successor, data, dict(st.tags))
             case Failed(error, tb):
                 error, tb = self.limits.clip(error), self.limits.clip(tb)
                 if result.compensations:
@@ -496,6 +549,16 @@ class Rules:
                 return  # running, or waiting for its retry time
         self.emit(b, st, StepStarted(st.run_id, b.now, seq, step.name, attempt))
         b.effects.steps.append(StepJob(p, st.run_id, seq, attempt, step, args))
+
+    @staticmethod
+    def _start_successor(
+        b: Batch, st: RunState, successor: str, data: bytes, tags: dict[str, str]
+    ) -> None:
+        """Start the run that carries on from ``st`` (continue-as-new, retry as new), in
+        the transaction that records why: the newest version of the same workflow."""
+        parent, now = st.parent_run_id, b.now
+        start = StartRun(successor, st.workflow, data, None, parent, tags, now, st.run_id)
+        b.effects.commands.append(start)
 
     def _relaunch_forward(self, b: Batch, st: RunState, relaunch: frozenset[int]) -> None:
         """A forward step recovered while the run compensates (a cancel came between its

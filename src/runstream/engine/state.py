@@ -51,6 +51,7 @@ class RunState:
     reason: str | None = None
     code: str | None = None  # a rejected start: its reason code
     continued_as: str | None = None
+    retried_as: str | None = None  # retried with new input as this run
     facts: int = 0  # facts applied: the next fact's index in the projection
     steps: int = 0  # StepCompleted facts
     started: bool = False  # has a RunStarted (a rejected start has only RunRejected)

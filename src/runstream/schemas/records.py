@@ -12,6 +12,7 @@ Records are immutable values. Collections inside them (``tags``) are never mutat
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import ClassVar
@@ -43,6 +44,7 @@ class Kind(StrEnum):
     RUN_CANCELLED = "run.cancelled"
     RUN_DEAD = "run.dead"
     RUN_REJECTED = "run.rejected"
+    RUN_RETRIED = "run.retried"
     STEP_STARTED = "step.started"
     STEP_COMPLETED = "step.completed"
     STEP_FAILED = "step.failed"
@@ -61,6 +63,7 @@ class Reason(StrEnum):
     UNKNOWN_RUN = "unknown-run"
     UNEXPECTED_RESULT = "unexpected-step-result"
     RUN_DEAD = "run-dead"
+    NOT_RETRYABLE = "not-retryable"
     INTERNAL = "internal-error"
 
 
@@ -146,6 +149,14 @@ class Cancel(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class Retry(Record):
+    run_id: str
+    reason: str = ""
+    input: bytes | None = None  # corrected input: retry as a new run
+    sent_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class StepResult(Record):
     run_id: str
     seq: int
@@ -165,8 +176,8 @@ class Query(Record):
     wait: bool = False
 
 
-Command = StartRun | Signal | Cancel | StepResult | Query
-COMMANDS: tuple[type[Record], ...] = (StartRun, Signal, Cancel, StepResult, Query)
+Command = StartRun | Signal | Cancel | Retry | StepResult | Query
+COMMANDS: tuple[type[Record], ...] = (StartRun, Signal, Cancel, Retry, StepResult, Query)
 
 
 # -- journal facts: topic <ns>.journal, keyed by run id ----------------------------------
@@ -352,6 +363,22 @@ class RunDead(Record):
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class RunRetried(Record):
+    run_id: str
+    at_ms: int
+    seqs: list[int] = field(default_factory=list)
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RetriedAsNew(Record):
+    run_id: str
+    at_ms: int
+    new_run_id: str
+    reason: str = ""
+
+
 Fact = (
     RunStarted
     | RunRejected
@@ -373,6 +400,8 @@ Fact = (
     | RunFailed
     | RunCancelled
     | RunDead
+    | RunRetried
+    | RetriedAsNew
 )
 FACTS: tuple[type[Record], ...] = Fact.__args__
 END_FACTS = {
@@ -419,6 +448,8 @@ class LifecycleEvent(Record):
     reason: str | None = None
     continued_as: str | None = None
     code: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)  # run.started
+    input: bytes | None = None  # run.started
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,6 +465,25 @@ class DeadLetter(Record):
     run_id: str | None = None
     at_ms: int = 0
     code: str = ""
+    redrives: int = 0  # times `runstream dlq redrive` produced the original again
+
+
+#: Kafka headers on a record `runstream dlq redrive` produced again: how many times it was
+#: redriven ("1", "2", ...), and the dead letter it came from ("<topic>:<partition>:<offset>").
+#: A redriven record that fails again carries its count into its new DeadLetter.
+REDRIVE_HEADER = "runstream-redrive"
+REDRIVE_OF_HEADER = "runstream-redrive-of"
+
+
+def redrives_of(headers: Iterable[tuple[str, bytes]]) -> int:
+    """The redrive count a record's headers carry (0 if none, or not a number)."""
+    for name, value in headers:
+        if name == REDRIVE_HEADER:
+            try:
+                return max(0, int(value))
+            except ValueError:
+                return 0
+    return 0
 
 
 @dataclass(frozen=True, slots=True)
