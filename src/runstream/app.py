@@ -38,15 +38,25 @@ class App:
     @overload
     def workflow(self, fn: F) -> F: ...
     @overload
-    def workflow(self, *, name: str | None = None, version: str = "1") -> Callable[[F], F]: ...
+    def workflow(
+        self, *, name: str | None = None, version: str = "1", timeout: float | str | None = None
+    ) -> Callable[[F], F]: ...
 
-    def workflow(self, fn: F | None = None, *, name: str | None = None, version: str = "1") -> Any:
+    def workflow(
+        self,
+        fn: F | None = None,
+        *,
+        name: str | None = None,
+        version: str = "1",
+        timeout: float | str | None = None,
+    ) -> Any:
         """Register an ``async def (ctx, input)`` as a workflow; the name defaults to the
         function's. Register several versions under one name: new runs take the newest,
-        running ones stay on theirs."""
+        running ones stay on theirs. ``timeout`` (seconds or ``"1h"``): a run still going
+        that long after its start fails with RunTimedOut, compensating like any failure."""
 
         def register(f: F) -> F:
-            wf = workflow_def(f, name=name, version=version)
+            wf = workflow_def(f, name=name, version=version, timeout=timeout)
             self.registry.add_workflow(wf)
             f.__runstream_workflow__ = wf.name  # type: ignore[attr-defined]
             return f

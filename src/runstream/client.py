@@ -20,14 +20,15 @@ from pydantic import BaseModel
 
 from runstream.engine import payload
 from runstream.engine.partitioner import partition_for
+from runstream.engine.workflow import seconds
 from runstream.errors import (
     KafkaUnavailable,
     PayloadTooLarge,
     RunCancelled,
-    RunFailed,
     RunNotFound,
     RunRejected,
     TopicError,
+    run_failed,
 )
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
@@ -129,11 +130,47 @@ class Client:
         run_id: str | None = None,
         version: str | None = None,
         tags: dict[str, str] | None = None,
+        timeout: float | str | None = None,
         wait: bool = True,
     ) -> str:
         """Start a run and return its id. Idempotent by ``run_id``: starting an id that
-        exists does nothing. ``wait=False`` returns before Kafka acknowledged it (a refusal
+        exists does nothing. ``timeout`` (seconds or ``"1h"``) overrides the workflow's
+        execution timeout. ``wait=False`` returns before Kafka acknowledged it (a refusal
         is then raised by the next waiting call or `close`)."""
+        return self._start(workflow, input, run_id, version, tags, timeout, wait)
+
+    def signal_with_start(
+        self,
+        workflow: str | Callable[..., Any],
+        input: Any = None,
+        *,
+        run_id: str,
+        signal: str,
+        value: Any = None,
+        signal_id: str | None = None,
+        version: str | None = None,
+        tags: dict[str, str] | None = None,
+        timeout: float | str | None = None,
+        wait: bool = True,
+    ) -> str:
+        """Send signal ``signal`` to run ``run_id``, starting it first if it does not exist,
+        in one command: the signal is delivered exactly once either way (a signal id makes
+        retries of this call count once)."""
+        sig = (signal, payload.dumps(value), signal_id or uuid.uuid4().hex)
+        return self._start(workflow, input, run_id, version, tags, timeout, wait, sig)
+
+    def _start(
+        self,
+        workflow: str | Callable[..., Any],
+        input: Any,
+        run_id: str | None,
+        version: str | None,
+        tags: dict[str, str] | None,
+        timeout: float | str | None,
+        wait: bool,
+        signal: tuple[str, bytes, str] | None = None,
+    ) -> str:
+        sig_name, sig_payload, sig_id = signal or (None, None, "")
         name = getattr(workflow, "__runstream_workflow__", workflow)
         if not isinstance(name, str):
             raise TypeError(f"{workflow!r} is not a registered workflow or a workflow name")
@@ -160,6 +197,10 @@ class Client:
             _now_ms(),
             reply_to=reply_to,
             request_id=request_id,
+            timeout_ms=None if timeout is None else int(seconds(timeout) * 1000),
+            signal=sig_name,
+            signal_payload=sig_payload,
+            signal_id=sig_id,
         )
         with self._mutex:
             if reply_to is not None:
@@ -216,8 +257,9 @@ class Client:
         return _run_info(info)
 
     def result(self, run_id: str, timeout: float = 30.0) -> Any:
-        """The run's output once it ends (following continue-as-new). Raises RunFailed,
-        RunCancelled, RunRejected, RunNotFound (at once), or TimeoutError.
+        """The run's output once it ends (following continue-as-new). Raises RunFailed
+        (RunTimedOut if it timed out), RunCancelled, RunRejected, RunNotFound (at once), or
+        TimeoutError.
 
         The run's owner answers in the transaction that ends the run (on this client's
         replies partition); the question is asked again now and then, in case the run's
@@ -241,7 +283,7 @@ class Client:
                     raise RunCancelled(run_id, end.reason or "")
                 if end.status == Status.REJECTED:
                     raise RunRejected(run_id, end.code or "", end.reason or "")
-                raise RunFailed(run_id, end.error or end.reason or "", end.status)
+                raise run_failed(run_id, end.error or end.reason or "", end.status)
 
     # -- internals ---------------------------------------------------------------------
     def _send(self, cmd: Command, wait: bool = True) -> None:

@@ -117,6 +117,20 @@ class RunFailed(RunstreamError):
         self.run_id, self.error, self.status = run_id, error, status
 
 
+class RunTimedOut(RunFailed):
+    """The run failed because it passed its execution timeout (``timeout=``)."""
+
+
+#: How the engine starts the error text of a run that timed out.
+TIMED_OUT = "RunTimedOut: "
+
+
+def run_failed(run_id: str, error: str, status: str = "failed") -> RunFailed:
+    """The exception for a run that ended failed or dead: RunTimedOut if it timed out."""
+    cls = RunTimedOut if error.startswith(TIMED_OUT) else RunFailed
+    return cls(run_id, error, status)
+
+
 class RunCancelled(RunstreamError):
     """The run was cancelled."""
 

@@ -40,10 +40,10 @@ from runstream.engine.work import Batch, LogRecord, StepJob, Work
 from runstream.engine.workflow import seconds, step_def
 from runstream.errors import (
     RunCancelled,
-    RunFailed,
     RunNotFound,
     RunRejected,
     RunstreamError,
+    run_failed,
 )
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
@@ -127,7 +127,7 @@ class Run:
             case Status.REJECTED:
                 raise RunRejected(st.run_id, st.code or "", st.reason or "")
             case Status.FAILED | Status.DEAD:
-                raise RunFailed(st.run_id, st.error or st.reason or "", st.status)
+                raise run_failed(st.run_id, st.error or st.reason or "", st.status)
         why = f": {st.reason}" if st.reason else ""
         raise RunNotFinished(f"run {st.run_id!r} has not finished, it is {st.status}{why}")
 

@@ -100,6 +100,10 @@ FIELDS = {
         "continued_from",
         "reply_to",
         "request_id",
+        "timeout_ms",
+        "signal",
+        "signal_payload",
+        "signal_id",
     ],
     "Signal": ["run_id", "name", "payload", "signal_id", "sent_at_ms"],
     "Cancel": ["run_id", "compensate", "reason", "sent_at_ms"],
@@ -115,6 +119,7 @@ FIELDS = {
         "tags",
         "reply_to",
         "request_id",
+        "deadline_ms",
     ],
     "RunRejected": [*_FACT, "workflow", "code", "reason"],
     "StepStarted": [*_FACT, "seq", "name", "attempt", "attempt_id", "isolated"],
@@ -242,6 +247,10 @@ def test_start_run_fields_are_the_documented_ones() -> None:
         "continued_from",
         "reply_to",
         "request_id",
+        "timeout_ms",
+        "signal",
+        "signal_payload",
+        "signal_id",
     ]
     assert fields["input"]["type"] == "bytes"
     assert fields["tags"]["default"] == {} and fields["sent_at_ms"]["default"] == 0
@@ -510,6 +519,10 @@ def test_older_writer_schema_is_resolved_into_current() -> None:
         "continued_from": None,
         "reply_to": None,
         "request_id": "",
+        "timeout_ms": None,
+        "signal": None,
+        "signal_payload": None,
+        "signal_id": "",
     }
     # the current schema stays the one used to encode
     assert codec.encode_raw("StartRun", record)[2:10] == codec.fingerprint("StartRun")

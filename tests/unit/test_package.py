@@ -26,6 +26,7 @@ def test_public_names_are_pinned():
         "RunInfo",
         "RunNotFound",
         "RunRejected",
+        "RunTimedOut",
         "RunstreamError",
         "Settings",
         "SignalTimeout",

@@ -157,7 +157,12 @@ def _json(value: str | None) -> Any:
 @click.option("--version", default=None, help="Pin a workflow version (default: the newest).")
 @click.option("--tag", "tags", multiple=True, metavar="KEY=VALUE", help="A tag (repeatable).")
 @click.option("--wait", is_flag=True, help="Wait for the result and print it.")
-@click.option("--timeout", default=60.0, show_default=True)
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds to --wait.")
+@click.option(
+    "--run-timeout",
+    default=None,
+    help="The run's execution timeout (seconds, or 30m, 1d), instead of the workflow's.",
+)
 def start(
     workflow: str,
     input: str | None,
@@ -168,15 +173,18 @@ def start(
     tags: tuple[str, ...],
     wait: bool,
     timeout: float,
+    run_timeout: str | None,
 ) -> None:
     """Start WORKFLOW with INPUT (JSON); prints the run id."""
     value = _json(input)
     tag_map = dict(t.partition("=")[::2] for t in tags)
     with _client(namespace, bootstrap) as client:
         try:
-            rid = client.start(workflow, value, run_id=run_id, version=version, tags=tag_map)
+            rid = client.start(
+                workflow, value, run_id=run_id, version=version, tags=tag_map, timeout=run_timeout
+            )
         except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--run-id") from None
+            raise click.BadParameter(str(exc)) from None
         click.echo(rid)
         if wait:
             click.echo(json.dumps(client.result(rid, timeout=timeout)))

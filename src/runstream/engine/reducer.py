@@ -69,6 +69,7 @@ def apply(state: RunState, fact: Fact) -> RunState:
             state.started_at_ms, state.status, state.started = fact.at_ms, Status.RUNNING, True
             state.reason = state.code = None
             state.reply_to, state.request_id = fact.reply_to, fact.request_id
+            state.deadline_ms = fact.deadline_ms
         case RunRejected():
             state.workflow, state.status = fact.workflow, Status.REJECTED
             state.reason, state.code = fact.reason, fact.code

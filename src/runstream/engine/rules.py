@@ -34,7 +34,7 @@ from runstream.engine.replay import (
 from runstream.engine.state import RunState, Status
 from runstream.engine.work import Batch, StepJob, StepOutcome, Waiter
 from runstream.engine.workflow import Registry, StepDef, WorkflowDef
-from runstream.errors import InvalidInput, WorkflowNotFound
+from runstream.errors import TIMED_OUT, InvalidInput, WorkflowNotFound
 from runstream.schemas.records import (
     Cancel,
     CompensationStarted,
@@ -106,11 +106,17 @@ class Rules:
 
     # -- commands ------------------------------------------------------------------
     def start(self, b: Batch, st: RunState, cmd: StartRun) -> None:
-        """StartRun: idempotent by run id."""
+        """StartRun: idempotent by run id. With ``signal`` (signal-with-start), the signal
+        is delivered whether this starts the run or it exists already, once per id."""
         if st.exists:
+            if cmd.signal is not None:
+                self.signal(b, st, self._start_signal(st, cmd))
             return
         wf = self._checked(cmd.workflow, cmd.version, cmd.input)
         version = cmd.version or (wf.version if wf else "")
+        timeout_ms = cmd.timeout_ms
+        if timeout_ms is None and wf is not None and wf.timeout is not None:
+            timeout_ms = int(wf.timeout * 1000)
         self.emit(
             b,
             st,
@@ -124,9 +130,19 @@ class Rules:
                 dict(cmd.tags),
                 cmd.reply_to,
                 cmd.request_id,
+                None if timeout_ms is None else b.now + timeout_ms,
             ),
         )
+        if cmd.signal is not None:  # buffered: the workflow's wait takes it
+            self.signal(b, st, self._start_signal(st, cmd))
         self._advance(b, st)
+
+    @staticmethod
+    def _start_signal(st: RunState, cmd: StartRun) -> Signal:
+        assert cmd.signal is not None
+        signal_id = cmd.signal_id or f"{st.run_id}/{cmd.signal}"
+        data = b"null" if cmd.signal_payload is None else cmd.signal_payload
+        return Signal(st.run_id, cmd.signal, data, signal_id, cmd.sent_at_ms)
 
     def _checked(self, workflow: str, version: str | None, data: bytes) -> WorkflowDef | None:
         """The workflow a start runs (None: a version this instance lacks, which parks the
@@ -356,7 +372,11 @@ class Rules:
         self._advance(b, st)
 
     def timer_due(self, b: Batch, st: RunState, seq: int) -> None:
-        """A due time of ``seq`` passed: fire the timer, retry the step, or time the wait out."""
+        """A due time of ``seq`` passed: fire the timer, retry the step, time the wait out,
+        or (seq 0) time the run out."""
+        if seq == 0:
+            self._time_out(b, st)
+            return
         fact = st.pending.get(seq)
         if fact is None or st.status is Status.PARKED:
             return
@@ -370,6 +390,20 @@ class Rules:
             case _:
                 return
         self._advance(b, st)
+
+    def _time_out(self, b: Batch, st: RunState) -> None:
+        """The run passed its execution timeout: it fails with RunTimedOut, after waiting
+        for its steps in flight and compensating what completed, like any failure."""
+        due = st.deadline_ms
+        if due is None or due > b.now or st.terminal or st.compensation is not None:
+            return  # not yet, or already ending
+        took = (due - st.started_at_ms) / 1000
+        error = f"{TIMED_OUT}run {st.run_id!r} did not end within its timeout of {took:g}s"
+        if self._in_flight(st) or self._compensations(b, st):
+            self.emit(b, st, CompensationStarted(st.run_id, b.now, error, "", False))
+            self._compensate(b, st)
+        else:
+            self.emit(b, st, RunFailed(st.run_id, b.now, error, ""))
 
     def recover(self, b: Batch, st: RunState) -> None:
         """After a restore: start again the steps that were open in a process that is gone.

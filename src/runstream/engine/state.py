@@ -39,6 +39,7 @@ class RunState:
     tags: dict[str, str] = field(default_factory=dict)
     status: Status = Status.RUNNING
     started_at_ms: int = 0
+    deadline_ms: int | None = None  # the run times out then
     ended_at_ms: int | None = None
     resolved: dict[int, SeqFact] = field(default_factory=dict)
     pending: dict[int, SeqFact] = field(default_factory=dict)
@@ -78,8 +79,11 @@ class RunState:
         )
 
     def timers(self) -> set[tuple[int, int]]:
-        """(due_ms, seq) of every open operation that waits for a time."""
+        """(due_ms, seq) of every open operation that waits for a time; seq 0 is the
+        run's own execution timeout."""
         out = set()
+        if self.deadline_ms is not None and not self.terminal:
+            out.add((self.deadline_ms, 0))
         for seq, fact in self.pending.items():
             match fact:
                 case TimerScheduled(due_ms=due):

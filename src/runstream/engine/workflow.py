@@ -86,6 +86,7 @@ class WorkflowDef:
     version: str
     input: TypeAdapter[Any] | None
     input_param: str = POSITIONAL  # NO_INPUT, POSITIONAL, or the keyword's name
+    timeout: float | None = None  # execution timeout in seconds (None: none)
 
     def parse_input(self, value: Any) -> Any:
         """The input as the workflow declared it. Raises InvalidInput."""
@@ -108,7 +109,10 @@ class WorkflowDef:
 
 
 def workflow_def(
-    fn: Callable[..., Any], name: str | None = None, version: str = "1"
+    fn: Callable[..., Any],
+    name: str | None = None,
+    version: str = "1",
+    timeout: float | str | None = None,
 ) -> WorkflowDef:
     """Declare ``fn`` as a workflow (`App.workflow` does this for users).
 
@@ -141,6 +145,7 @@ def workflow_def(
         version=str(version),
         input=None if ann is Any else TypeAdapter(ann),
         input_param=input_param,
+        timeout=None if timeout is None else seconds(timeout),
     )
 
 

@@ -129,6 +129,10 @@ class StartRun(Record):
     continued_from: str | None = None
     reply_to: str | None = None  # answer this client once the run has ended
     request_id: str = ""
+    timeout_ms: int | None = None  # overrides the workflow's execution timeout
+    signal: str | None = None  # signal-with-start: deliver this signal either way
+    signal_payload: bytes | None = None
+    signal_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +198,7 @@ class RunStarted(Record):
     tags: dict[str, str] = field(default_factory=dict)
     reply_to: str | None = None
     request_id: str = ""
+    deadline_ms: int | None = None  # the run times out then
 
 
 @dataclass(frozen=True, slots=True)
