@@ -220,11 +220,21 @@ class Client:
         )
 
     def cancel(
-        self, run_id: str, *, compensate: bool = False, reason: str = "", wait: bool = True
+        self,
+        run_id: str,
+        *,
+        compensate: bool = False,
+        reason: str = "",
+        children: str = "cancel",
+        wait: bool = True,
     ) -> None:
         """Cancel a run (after its compensations if ``compensate``); a finished run stays.
+        Its child runs are cancelled too (and theirs), unless ``children="abandon"``.
         ``wait=False`` returns before Kafka acknowledged it (see `start`)."""
-        self._send(Cancel(run_id, compensate, reason, _now_ms()), wait)
+        if children not in ("cancel", "abandon"):
+            raise ValueError(f"children must be 'cancel' or 'abandon', not {children!r}")
+        abandon = children == "abandon"
+        self._send(Cancel(run_id, compensate, reason, _now_ms(), abandon), wait)
 
     def retry(self, run_id: str, *, input: Any = _KEEP, reason: str = "") -> str:
         """Let a failed or dead run go on from its last completed step (the steps after it

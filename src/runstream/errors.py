@@ -131,6 +131,15 @@ def run_failed(run_id: str, error: str, status: str = "failed") -> RunFailed:
     return cls(run_id, error, status)
 
 
+class ChildFailed(RunstreamError):
+    """Raised in a parent workflow by ``ctx.child`` (or ``ctx.start_child``) when the child
+    run did not complete: it failed, was cancelled, died, or could not start."""
+
+    def __init__(self, child_run_id: str, status: str, error: str) -> None:
+        super().__init__(f"child run {child_run_id!r} {status}: {error}")
+        self.child_run_id, self.status, self.error = child_run_id, status, error
+
+
 class RunCancelled(RunstreamError):
     """The run was cancelled."""
 

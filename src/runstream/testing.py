@@ -302,7 +302,7 @@ class WorkflowTester:
             self._timers.update(PARTITION, run_id, w.before.timers(), w.after.timers())
         self.journal += fx.facts
         self.dead_letters += fx.dead_letters
-        for cmd in fx.commands:  # a continue-as-new's StartRun
+        for cmd in fx.commands:  # to other runs: continue-as-new, children and their ends
             self._queue_command(cmd)
         for job in fx.steps:
             self._work.append(self._execute(job))

@@ -157,6 +157,15 @@ def make_app(ns: str, bootstrap: str | None = None, **kw) -> runstream.App:
         except runstream.StepError as exc:
             return f"step failed: {exc.error}"
 
+    @app.workflow
+    async def kid(ctx: runstream.Context, n: int) -> str:
+        return await ctx.step(tick, ctx.run_id, n)
+
+    @app.workflow
+    async def parent(ctx: runstream.Context, n: int) -> list[str]:
+        """``n`` child runs, one after the other: the executions of their ticks."""
+        return [await ctx.child(kid, i) for i in range(n)]
+
     return app
 
 

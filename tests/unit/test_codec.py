@@ -73,7 +73,7 @@ def codec() -> Codec:
 
 
 def test_every_shipped_file_is_a_documented_runstream_record() -> None:
-    assert len(SHIPPED) == 33
+    assert len(SHIPPED) == 36
     for filename, schema in ALL_FILES.items():
         assert filename.startswith(f"runstream.{schema['name']}.")
         assert schema["namespace"] == "runstream"
@@ -104,9 +104,19 @@ FIELDS = {
         "signal",
         "signal_payload",
         "signal_id",
+        "parent_seq",
     ],
     "Signal": ["run_id", "name", "payload", "signal_id", "sent_at_ms"],
-    "Cancel": ["run_id", "compensate", "reason", "sent_at_ms"],
+    "Cancel": ["run_id", "compensate", "reason", "sent_at_ms", "abandon_children"],
+    "ChildResult": [
+        "run_id",
+        "seq",
+        "child_run_id",
+        "status",
+        "output",
+        "error",
+        "sent_at_ms",
+    ],
     "Retry": ["run_id", "reason", "input", "sent_at_ms"],
     "StepResult": ["run_id", "seq", "attempt", "ok", "output", "error", "traceback", "attempt_id"],
     "Query": ["run_id", "request_id", "reply_to", "wait"],
@@ -120,7 +130,10 @@ FIELDS = {
         "reply_to",
         "request_id",
         "deadline_ms",
+        "parent_seq",
     ],
+    "ChildStarted": [*_FACT, "seq", "name", "child_run_id", "awaited", "parent_close"],
+    "ChildEnded": [*_FACT, "seq", "name", "child_run_id", "status", "output", "error"],
     "RunRejected": [*_FACT, "workflow", "code", "reason"],
     "StepStarted": [*_FACT, "seq", "name", "attempt", "attempt_id", "isolated"],
     "StepCompleted": [*_FACT, "seq", "name", "output", "attempt", "duration_ms"],
@@ -251,6 +264,7 @@ def test_start_run_fields_are_the_documented_ones() -> None:
         "signal",
         "signal_payload",
         "signal_id",
+        "parent_seq",
     ]
     assert fields["input"]["type"] == "bytes"
     assert fields["tags"]["default"] == {} and fields["sent_at_ms"]["default"] == 0
@@ -523,6 +537,7 @@ def test_older_writer_schema_is_resolved_into_current() -> None:
         "signal": None,
         "signal_payload": None,
         "signal_id": "",
+        "parent_seq": None,
     }
     # the current schema stays the one used to encode
     assert codec.encode_raw("StartRun", record)[2:10] == codec.fingerprint("StartRun")

@@ -16,6 +16,8 @@ Per run (ARCHITECTURE.md section 7):
   RunDead) and nothing after it, unless a RunRetried lets a failed or dead run go on:
   then the final failures it names are open again, as retries, and nothing else is; an
   ended run may also name, once, the new run it was retried as (RetriedAsNew);
+- an awaited child (ChildStarted) stays open until its ChildEnded; a fire-and-forget one,
+  and a child that could not start (ChildEnded ``rejected``), settle their seq at once;
 - every dead run has a ``run-dead`` record on the dlq;
 - a run that has not finished is suspended for a reason: a step in flight, a retry
   scheduled, an open timer, an open signal wait, or parked (or it was only rejected).
@@ -32,6 +34,8 @@ from dataclasses import dataclass
 
 from runstream.schemas.records import (
     END_FACTS,
+    ChildEnded,
+    ChildStarted,
     Fact,
     RetriedAsNew,
     RunParked,
@@ -59,8 +63,15 @@ _WAITS = {
     "StepHandedOver": "step in flight",
     "TimerScheduled": "open timer",
     "SignalAwaited": "open signal wait",
+    "ChildStarted": "child running",
 }
-_WAIT_ORDER = ("step in flight", "retry scheduled", "open timer", "open signal wait")
+_WAIT_ORDER = (
+    "step in flight",
+    "retry scheduled",
+    "open timer",
+    "open signal wait",
+    "child running",
+)
 # What a settling fact may settle, and which ones need it open.
 _OPENED_BY = {
     "TimerFired": ("TimerScheduled",),
@@ -90,8 +101,11 @@ def settles(fact: Fact) -> bool:
     """The fact settles its sequence number for good."""
     if isinstance(fact, StepFailed):
         return fact.retry_at_ms is None
+    if isinstance(fact, ChildStarted):
+        return not fact.awaited  # a fire-and-forget child settles its seq at once
     return isinstance(
-        fact, StepCompleted | TimerFired | SignalReceived | SignalTimedOut | ValueRecorded
+        fact,
+        StepCompleted | TimerFired | SignalReceived | SignalTimedOut | ValueRecorded | ChildEnded,
     )
 
 
@@ -192,6 +206,8 @@ class RunCheck:
                 elif prev is None and name in _NEEDS_OPEN:
                     self._bad(f"{name} seq {fact.seq} with no open {' or '.join(need)}", pos)
                 self.settled[fact.seq] = (name, pos)
+            case ChildStarted() | ChildEnded():
+                self._child(fact, pos)
             case TimerScheduled() | SignalAwaited():
                 if fact.seq in self.settled or fact.seq in self.open:
                     at = (self.settled.get(fact.seq) or self.open[fact.seq])[-1]
@@ -297,6 +313,26 @@ class RunCheck:
                 continue
             del self.settled[seq]
             self.open[seq] = ("StepFailed", self.failed_attempt[seq], pos)
+
+    def _child(self, fact: ChildStarted | ChildEnded, pos: int) -> None:
+        """An awaited child is open until its ChildEnded; a fire-and-forget one, and a
+        child that could not start (ChildEnded ``rejected``), settle their seq at once."""
+        name, seq = type(fact).__name__, fact.seq
+        if self._settled_twice(name, seq, pos):
+            return
+        prev = self.open.get(seq)
+        if isinstance(fact, ChildStarted):
+            if prev is not None:
+                self._bad(f"ChildStarted seq {seq} reuses a sequence number", prev[2], pos)
+            if fact.awaited:
+                self.open[seq] = (name, 0, pos)
+                return
+        elif prev is None and fact.status != "rejected":
+            self._bad(f"ChildEnded seq {seq} with no open ChildStarted", pos)
+        elif prev is not None and prev[0] != "ChildStarted":
+            self._bad(f"ChildEnded seq {seq} settles an open {prev[0]}", prev[2], pos)
+        self.open.pop(seq, None)
+        self.settled[seq] = (name, pos)
 
     def _settled_twice(self, name: str, seq: int, pos: int) -> bool:
         earlier = self.settled.get(seq)

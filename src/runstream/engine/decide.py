@@ -43,6 +43,7 @@ from runstream.errors import DecodeError
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
     Cancel,
+    ChildResult,
     Command,
     DeadLetter,
     Query,
@@ -165,6 +166,8 @@ class Decider:
                 rules.retry(b, st, cmd)
             case StepResult():
                 rules.step_result(b, st, cmd)
+            case ChildResult():
+                rules.child_result(b, st, cmd)
             case Query():
                 rules.query(b, st, cmd)
 

@@ -13,6 +13,8 @@ from dataclasses import replace
 from runstream.engine.state import RunState, Status
 from runstream.schemas.records import (
     END_FACTS,
+    ChildEnded,
+    ChildStarted,
     CompensationStarted,
     Fact,
     RetriedAsNew,
@@ -51,6 +53,10 @@ def apply(state: RunState, fact: Fact) -> RunState:
     match fact:
         case StepStarted() | StepHandedOver() | TimerScheduled() | SignalAwaited():
             state.pending[fact.seq] = fact
+        case ChildStarted(awaited=True):
+            state.pending[fact.seq] = fact  # until its ChildEnded
+        case ChildStarted() | ChildEnded():
+            _settle(state, fact)
         case StepCompleted():
             _settle(state, fact)
             state.steps += 1
@@ -69,7 +75,7 @@ def apply(state: RunState, fact: Fact) -> RunState:
             state.started_at_ms, state.status, state.started = fact.at_ms, Status.RUNNING, True
             state.reason = state.code = None
             state.reply_to, state.request_id = fact.reply_to, fact.request_id
-            state.deadline_ms = fact.deadline_ms
+            state.deadline_ms, state.parent_seq = fact.deadline_ms, fact.parent_seq
         case RunRejected():
             state.workflow, state.status = fact.workflow, Status.REJECTED
             state.reason, state.code = fact.reason, fact.code
@@ -110,7 +116,14 @@ def fold(run_id: str, facts: Iterable[Fact]) -> RunState:
 
 def _settle(
     state: RunState,
-    fact: StepCompleted | StepFailed | TimerFired | SignalReceived | SignalTimedOut | ValueRecorded,
+    fact: StepCompleted
+    | StepFailed
+    | TimerFired
+    | SignalReceived
+    | SignalTimedOut
+    | ValueRecorded
+    | ChildStarted
+    | ChildEnded,
 ) -> None:
     state.pending.pop(fact.seq, None)
     state.resolved[fact.seq] = fact

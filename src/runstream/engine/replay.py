@@ -29,8 +29,10 @@ from typing import Any
 from runstream.engine import payload
 from runstream.engine.state import RunState
 from runstream.engine.workflow import Registry, StepDef, WorkflowDef, seconds
-from runstream.errors import NonDeterminismError, SignalTimeout, StepError
+from runstream.errors import ChildFailed, NonDeterminismError, SignalTimeout, StepError
 from runstream.schemas.records import (
+    ChildEnded,
+    ChildStarted,
     SeqFact,
     SignalAwaited,
     SignalReceived,
@@ -66,7 +68,27 @@ class SignalWait:
     timeout: float | None
 
 
-Request = StepCall | SleepCall | SignalWait
+@dataclass(frozen=True, slots=True)
+class ChildCall:
+    seq: int
+    workflow: str
+    input: bytes  # JSON
+    child_run_id: str
+    awaited: bool
+    parent_close: str
+
+
+Request = StepCall | SleepCall | SignalWait | ChildCall
+
+#: What happens to a child if its parent ends first (`Context.start_child`).
+PARENT_CLOSE = ("request_cancel", "terminate", "abandon")
+
+
+@dataclass(frozen=True, slots=True)
+class ChildHandle:
+    """A child run started by `Context.start_child`."""
+
+    run_id: str
 
 
 # How one replay ended.
@@ -152,6 +174,8 @@ def _op(fact: SeqFact) -> str:
             return f"signal {fact.name}"
         case ValueRecorded():
             return f"value {fact.name}"
+        case ChildStarted() | ChildEnded():
+            return f"child {fact.name}"
     raise TypeError(type(fact).__name__)  # pragma: no cover - SeqFact is closed
 
 
@@ -164,6 +188,8 @@ def requested_op(request: Request) -> str:
             return "sleep"
         case SignalWait():
             return f"signal {request.name}"
+        case ChildCall():
+            return f"child {request.workflow}"
 
 
 class Context:
@@ -231,6 +257,61 @@ class Context:
             raise SignalTimeout(f"no signal {name!r} for run {self.run_id!r} within {timeout}")
         assert isinstance(fact, SignalReceived)
         return payload.loads(fact.payload)
+
+    async def child(
+        self, workflow: Callable[..., Any] | str, input: Any = None, *, run_id: str | None = None
+    ) -> Any:
+        """Run ``workflow`` as a child run and return its output once it completes.
+
+        The child's id is ``run_id``, by default ``<this run>/<seq>``: a replay never
+        starts a second one. Raises `ChildFailed` if the child fails, is cancelled, dies
+        or cannot start (an unknown workflow, an invalid input): the parent may catch it.
+        """
+        call = self._child_call(workflow, input, run_id, True, "request_cancel")
+        fact = self._recorded(call.seq, f"child {call.workflow}")
+        while not isinstance(fact, ChildEnded):
+            await _Suspend(call)
+            fact = self._recorded(call.seq, f"child {call.workflow}")
+        if fact.status != "completed":
+            raise ChildFailed(fact.child_run_id, fact.status, fact.error or "")
+        return payload.loads(fact.output or b"null")
+
+    async def start_child(
+        self,
+        workflow: Callable[..., Any] | str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        parent_close: str = "request_cancel",
+    ) -> ChildHandle:
+        """Start ``workflow`` as a child run without waiting for it. ``parent_close``: if
+        this run ends first, ``request_cancel`` the child (with its compensations),
+        ``terminate`` it (without), or ``abandon`` it. Raises `ChildFailed` if it cannot
+        start."""
+        if parent_close not in PARENT_CLOSE:
+            raise ValueError(f"parent_close must be one of {PARENT_CLOSE}, not {parent_close!r}")
+        call = self._child_call(workflow, input, run_id, False, parent_close)
+        fact = self._recorded(call.seq, f"child {call.workflow}")
+        while fact is None:
+            await _Suspend(call)
+            fact = self._recorded(call.seq, f"child {call.workflow}")
+        if isinstance(fact, ChildEnded):  # it could not start
+            raise ChildFailed(fact.child_run_id, fact.status, fact.error or "")
+        assert isinstance(fact, ChildStarted)
+        return ChildHandle(fact.child_run_id)
+
+    def _child_call(
+        self,
+        workflow: Callable[..., Any] | str,
+        input: Any,
+        run_id: str | None,
+        awaited: bool,
+        parent_close: str,
+    ) -> ChildCall:
+        name = self._registry.workflow_name(workflow)
+        seq = self._next()
+        child_id = run_id or f"{self.run_id}/{seq}"
+        return ChildCall(seq, name, payload.dumps(input), child_id, awaited, parent_close)
 
     def now(self) -> datetime:
         """The time, recorded on first execution so replays see the same value."""

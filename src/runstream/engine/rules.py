@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from typing import Any
 
 from runstream.engine import lifecycle, payload
@@ -19,6 +20,7 @@ from runstream.engine.limits import Limits
 from runstream.engine.reducer import apply
 from runstream.engine.replay import (
     Blocked,
+    ChildCall,
     Completed,
     ContinuedAsNew,
     Failed,
@@ -36,7 +38,11 @@ from runstream.engine.work import Batch, StepJob, StepOutcome, Waiter
 from runstream.engine.workflow import Registry, StepDef, WorkflowDef
 from runstream.errors import TIMED_OUT, InvalidInput, WorkflowNotFound
 from runstream.schemas.records import (
+    END_FACTS,
     Cancel,
+    ChildEnded,
+    ChildResult,
+    ChildStarted,
     CompensationStarted,
     DeadLetter,
     Fact,
@@ -67,6 +73,7 @@ from runstream.schemas.records import (
     TimerFired,
     TimerScheduled,
     continuation_of,
+    run_id_problem,
 )
 
 Activation = Callable[[str], AbstractContextManager[None]]
@@ -131,6 +138,7 @@ class Rules:
                 cmd.reply_to,
                 cmd.request_id,
                 None if timeout_ms is None else b.now + timeout_ms,
+                cmd.parent_seq,
             ),
         )
         if cmd.signal is not None:  # buffered: the workflow's wait takes it
@@ -194,6 +202,12 @@ class Rules:
         if st.terminal or st.compensation is not None:
             return
         reason = self.limits.clip(cmd.reason or "cancelled")
+        if not cmd.abandon_children:  # and theirs, as each child cancels its own
+            for child in self._children(st):
+                why = self.limits.clip(f"its parent {st.run_id!r} was cancelled: {reason}")
+                b.effects.commands.append(
+                    Cancel(child.child_run_id, cmd.compensate, why, b.now, False)
+                )
         if cmd.compensate and (self._in_flight(st) or self._compensations(b, st)):
             self.emit(b, st, CompensationStarted(st.run_id, b.now, reason, "", True))
             self._compensate(b, st)
@@ -253,7 +267,26 @@ class Rules:
             raise Rejected(Reason.OVERSIZE, problem)
         successor = continuation_of(run_id)
         self.emit(b, st, RetriedAsNew(run_id, b.now, successor, reason))
-        self._start_successor(b, st, successor, data, tags)
+        self._start_successor(b, st, successor, data, tags, parent_seq=None)
+
+    def child_result(self, b: Batch, st: RunState, cmd: ChildResult) -> None:
+        """An awaited child ended: settle the parent's seq and go on."""
+        started = st.pending.get(cmd.seq)
+        if not (isinstance(started, ChildStarted) and started.child_run_id == cmd.child_run_id):
+            told = st.resolved.get(cmd.seq)
+            again = isinstance(told, ChildEnded) and told.child_run_id == cmd.child_run_id
+            if st.terminal or again:
+                return  # the parent ended first, or it was told already
+            raise Rejected(
+                Reason.UNEXPECTED_RESULT,
+                f"run {st.run_id!r} awaits no child {cmd.child_run_id!r} at seq {cmd.seq}",
+            )
+        ended = ChildEnded(
+            st.run_id, b.now, cmd.seq, started.name, cmd.child_run_id, cmd.status, cmd.output,
+            cmd.error,
+        )  # fmt: skip
+        self.emit(b, st, ended)
+        self._advance(b, st)
 
     def step_result(self, b: Batch, st: RunState, cmd: StepResult) -> None:
         """A remote step's result: accepted only for the attempt the engine dispatched."""
@@ -527,7 +560,7 @@ class Rules:
                     return False
                 successor = continuation_of(run_id)
                 self.emit(b, st, RunCompleted(run_id, now, b"null", successor))
-                self._start_successor(b, st, successor, data, dict(st.tags))
+                self._start_successor(b, st, successor, data, dict(st.tags), st.parent_seq)
             case Failed(error, tb):
                 error, tb = self.limits.clip(error), self.limits.clip(tb)
                 if result.compensations:
@@ -558,7 +591,41 @@ class Rules:
                     return True
                 timeout_at = None if timeout is None else now + int(timeout * 1000)
                 self.emit(b, st, SignalAwaited(run_id, now, seq, name, timeout_at))
+            case Blocked(ChildCall() as call):
+                return self._start_child(b, st, call)
         return False
+
+    def _start_child(self, b: Batch, st: RunState, call: ChildCall) -> bool:
+        """Record the child's start and produce its StartRun in this transaction (or, if
+        it cannot start, its end at once); True when the workflow goes on now."""
+        if call.seq in st.pending:
+            return False  # started; its end has not come
+        run_id, now = st.run_id, b.now
+        try:
+            problem = run_id_problem(call.child_run_id, new=True)
+            if problem:
+                raise Rejected(Reason.BAD_RUN_ID, f"child run id: {problem}")
+            if self._checked(call.workflow, None, call.input) is None:
+                raise Rejected(Reason.UNKNOWN_WORKFLOW, f"no workflow {call.workflow!r}")
+            too_large = self.limits.too_large("the child's input", len(call.input))
+            if too_large:
+                raise Rejected(Reason.OVERSIZE, too_large)
+        except Rejected as exc:
+            ended = ChildEnded(
+                run_id, now, call.seq, call.workflow, call.child_run_id, "rejected", None,
+                self.limits.clip(f"{exc.code}: {exc.reason}"),
+            )  # fmt: skip
+            self.emit(b, st, ended)
+            return True
+        started = ChildStarted(
+            run_id, now, call.seq, call.workflow, call.child_run_id, call.awaited,
+            call.parent_close,
+        )  # fmt: skip
+        self.emit(b, st, started)
+        awaited = call.seq if call.awaited else None
+        start = StartRun(call.child_run_id, call.workflow, call.input, None, run_id, {}, now)
+        b.effects.commands.append(replace(start, parent_seq=awaited))
+        return not call.awaited
 
     def _run_step(
         self,
@@ -586,13 +653,19 @@ class Rules:
 
     @staticmethod
     def _start_successor(
-        b: Batch, st: RunState, successor: str, data: bytes, tags: dict[str, str]
+        b: Batch,
+        st: RunState,
+        successor: str,
+        data: bytes,
+        tags: dict[str, str],
+        parent_seq: int | None,
     ) -> None:
         """Start the run that carries on from ``st`` (continue-as-new, retry as new), in
-        the transaction that records why: the newest version of the same workflow."""
+        the transaction that records why: the newest version of the same workflow. A
+        continued child reports to its parent in its place (``parent_seq``)."""
         parent, now = st.parent_run_id, b.now
         start = StartRun(successor, st.workflow, data, None, parent, tags, now, st.run_id)
-        b.effects.commands.append(start)
+        b.effects.commands.append(replace(start, parent_seq=parent_seq))
 
     def _relaunch_forward(self, b: Batch, st: RunState, relaunch: frozenset[int]) -> None:
         """A forward step recovered while the run compensates (a cancel came between its
@@ -654,8 +727,41 @@ class Rules:
 
     @staticmethod
     def emit(b: Batch, st: RunState, fact: Fact) -> None:
+        children = Rules._children(st) if type(fact) in END_FACTS else []
         apply(st, fact)
         b.effects.facts.append(fact)
         ev = lifecycle.event(fact, st)
         if ev is not None:
             b.effects.lifecycle.append(ev)
+        if type(fact) in END_FACTS:
+            Rules._ended(b, st, fact, children)
+
+    @staticmethod
+    def _children(st: RunState) -> list[ChildStarted]:
+        """The child runs ``st`` started that may still run (awaited ones not ended, and
+        every fire-and-forget one: the parent is not told of their end)."""
+        facts = [*st.pending.values(), *st.resolved.values()]
+        return [f for f in facts if isinstance(f, ChildStarted)]
+
+    @staticmethod
+    def _ended(b: Batch, st: RunState, fact: Fact, children: list[ChildStarted]) -> None:
+        """The run ended: tell the parent awaiting it, in this transaction, and apply each
+        child's ``parent_close`` (a cancel has cancelled them already, or abandoned)."""
+        continued = isinstance(fact, RunCompleted) and fact.continued_as
+        if st.parent_run_id and st.parent_seq is not None and not continued:
+            output = fact.output if isinstance(fact, RunCompleted) else None
+            error = None if isinstance(fact, RunCompleted) else (st.error or st.reason or "")
+            b.effects.commands.append(
+                ChildResult(
+                    st.parent_run_id, st.parent_seq, st.run_id, st.status.value, output, error,
+                    b.now,
+                )
+            )  # fmt: skip
+        if isinstance(fact, RunCancelled):
+            return
+        for child in children:
+            if child.parent_close == "abandon":
+                continue
+            why = f"its parent {st.run_id!r} ended ({st.status.value}) first"
+            compensate = child.parent_close == "request_cancel"
+            b.effects.commands.append(Cancel(child.child_run_id, compensate, why, b.now, False))

@@ -40,6 +40,7 @@ class RunState:
     status: Status = Status.RUNNING
     started_at_ms: int = 0
     deadline_ms: int | None = None  # the run times out then
+    parent_seq: int | None = None  # where the parent awaits this run's end
     ended_at_ms: int | None = None
     resolved: dict[int, SeqFact] = field(default_factory=dict)
     pending: dict[int, SeqFact] = field(default_factory=dict)

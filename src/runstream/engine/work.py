@@ -14,7 +14,7 @@ from typing import Any
 
 from runstream.engine.state import RunState
 from runstream.engine.workflow import StepDef
-from runstream.schemas.records import DeadLetter, Fact, LifecycleEvent, RunInfo, StartRun
+from runstream.schemas.records import Command, DeadLetter, Fact, LifecycleEvent, RunInfo
 
 #: One attempt of one step of a run: (run id, seq, attempt).
 Attempt = tuple[str, int, int]
@@ -141,7 +141,7 @@ class Effects:
     facts: list[Fact] = field(default_factory=list)
     lifecycle: list[LifecycleEvent] = field(default_factory=list)
     steps: list[StepJob] = field(default_factory=list)
-    commands: list[StartRun] = field(default_factory=list)  # to other runs
+    commands: list[Command] = field(default_factory=list)  # to other runs
     replies: list[tuple[str, RunInfo]] = field(default_factory=list)  # (reply_to, answer)
     waiters: list[Waiter] = field(default_factory=list)  # questions to answer at the end
     dead_letters: list[DeadLetter] = field(default_factory=list)

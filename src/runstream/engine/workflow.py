@@ -176,6 +176,16 @@ class Registry:
             raise WorkflowNotFound(f"no workflow named {name!r} is registered")
         return versions[max(versions, key=_version_key)]
 
+    def workflow_name(self, workflow: Callable[..., Any] | str) -> str:
+        """The name of ``workflow``: a name as given, or the registered function's."""
+        if isinstance(workflow, str):
+            return workflow
+        for versions in self.workflows.values():
+            for wf in versions.values():
+                if wf.fn is workflow:
+                    return wf.name
+        raise TypeError(f"{workflow!r} is not a registered workflow or a workflow name")
+
     def get(self, name: str, version: str) -> WorkflowDef | None:
         """Workflow ``name`` at ``version``, or None."""
         return self.workflows.get(name, {}).get(version)

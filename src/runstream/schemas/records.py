@@ -133,6 +133,7 @@ class StartRun(Record):
     signal: str | None = None  # signal-with-start: deliver this signal either way
     signal_payload: bytes | None = None
     signal_id: str = ""
+    parent_seq: int | None = None  # set by the engine: where the parent awaits this child
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +151,7 @@ class Cancel(Record):
     compensate: bool = False
     reason: str = ""
     sent_at_ms: int = 0
+    abandon_children: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +175,17 @@ class StepResult(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class ChildResult(Record):
+    run_id: str  # the parent
+    seq: int
+    child_run_id: str
+    status: str
+    output: bytes | None = None
+    error: str | None = None
+    sent_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Query(Record):
     run_id: str
     request_id: str
@@ -180,8 +193,16 @@ class Query(Record):
     wait: bool = False
 
 
-Command = StartRun | Signal | Cancel | Retry | StepResult | Query
-COMMANDS: tuple[type[Record], ...] = (StartRun, Signal, Cancel, Retry, StepResult, Query)
+Command = StartRun | Signal | Cancel | Retry | StepResult | ChildResult | Query
+COMMANDS: tuple[type[Record], ...] = (
+    StartRun,
+    Signal,
+    Cancel,
+    Retry,
+    StepResult,
+    ChildResult,
+    Query,
+)
 
 
 # -- journal facts: topic <ns>.journal, keyed by run id ----------------------------------
@@ -199,6 +220,7 @@ class RunStarted(Record):
     reply_to: str | None = None
     request_id: str = ""
     deadline_ms: int | None = None  # the run times out then
+    parent_seq: int | None = None  # where the parent awaits this run's end
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +327,29 @@ class ValueRecorded(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class ChildStarted(Record):
+    run_id: str
+    at_ms: int
+    seq: int
+    name: str  # the child's workflow
+    child_run_id: str
+    awaited: bool
+    parent_close: str = "request_cancel"
+
+
+@dataclass(frozen=True, slots=True)
+class ChildEnded(Record):
+    run_id: str
+    at_ms: int
+    seq: int
+    name: str
+    child_run_id: str
+    status: str
+    output: bytes | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class StepHandedOver(Record):
     run_id: str
     at_ms: int
@@ -398,6 +443,8 @@ Fact = (
     | SignalTimedOut
     | ValueRecorded
     | StepHandedOver
+    | ChildStarted
+    | ChildEnded
     | RunRecovered
     | CompensationStarted
     | RunParked
@@ -428,6 +475,8 @@ SeqFact = (
     | SignalReceived
     | SignalTimedOut
     | ValueRecorded
+    | ChildStarted
+    | ChildEnded
 )
 
 

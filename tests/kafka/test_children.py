@@ -1,0 +1,69 @@
+"""Child workflows across partitions and processes, with a SIGKILL mid-flight."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+import runstream
+from runstream.audit.reader import audit
+
+from .kit import kill, read_topic, spawn_worker, terminate, wait_for
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+CHILDREN = 100
+
+
+def _client(ns, bootstrap):
+    try:
+        return runstream.Client(ns, bootstrap)
+    except runstream.RunstreamError:
+        return None
+
+
+def test_a_parent_and_its_100_children_survive_a_sigkill_of_one_instance(
+    kafka_bootstrap, ns, tmp_path
+):
+    log, state = tmp_path / "steps.log", tmp_path / "state"
+    state.mkdir()
+    w1 = spawn_worker(kafka_bootstrap, ns, state, "w1", log)
+    w2 = spawn_worker(kafka_bootstrap, ns, state, "w2", log)
+    try:
+        client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
+        client.start("parent", CHILDREN, run_id="p")
+        wait_for(
+            lambda: log.exists() and len(log.read_text().splitlines()) >= CHILDREN // 3,
+            timeout=120,
+            what="a third of the children",
+        )
+        kill(w1)  # the parent's instance or its children's: both own some partitions
+        executions = client.result("p", timeout=180)
+    finally:
+        for w in (w1, w2):
+            if w.poll() is None:
+                terminate(w)
+    kids = [f"p/{i}" for i in range(1, CHILDREN + 1)]
+    assert len(executions) == CHILDREN
+    journal = read_topic(kafka_bootstrap, f"{ns}.journal", timeout=60)
+    by_run = Counter((name, r["run_id"]) for name, r, _ in journal)
+    assert by_run["ChildStarted", "p"] == CHILDREN and by_run["ChildEnded", "p"] == CHILDREN
+    for kid in kids:  # each child started once and ended once
+        assert by_run["RunStarted", kid] == 1 and by_run["RunCompleted", kid] == 1, kid
+    commands = read_topic(kafka_bootstrap, f"{ns}.commands", timeout=60)
+    starts = Counter(r["run_id"] for name, r, _ in commands if name == "StartRun")
+    assert {kid: starts[kid] for kid in kids} == dict.fromkeys(kids, 1)  # one StartRun each
+    # Each child's step: the journal recorded one execution, the last one that ran; a
+    # second one only where a body was in flight when the instance died.
+    ran: dict[str, list[str]] = {}
+    for line in log.read_text().splitlines():
+        run, _n, execution = line.split()
+        ran.setdefault(run, []).append(execution)
+    assert set(ran) == set(kids)
+    for kid, execution in zip(kids, executions, strict=True):
+        assert ran[kid][-1] == execution, (kid, ran[kid])
+    again = sum(len(e) - 1 for e in ran.values())
+    assert again <= 2, ran  # children run one at a time: at most the one in flight
+    report = audit(kafka_bootstrap, ns, expect_finished=True)
+    assert report.violations == [], report.violations
