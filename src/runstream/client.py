@@ -70,6 +70,8 @@ class RunInfo(BaseModel):
     ended_at: datetime | None = None
     steps: int = 0
     continued_as: str | None = None
+    parent_run_id: str | None = None
+    children: list[str] = []  # the child runs it started, in order (the first 1,000)
 
 
 class Client:
@@ -401,6 +403,8 @@ def _run_info(info: RunInfoRecord) -> RunInfo:
         ended_at=ts(info.ended_at_ms),
         steps=info.steps,
         continued_as=info.continued_as,
+        parent_run_id=info.parent_run_id,
+        children=list(info.children),
     )
 
 

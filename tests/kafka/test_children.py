@@ -67,3 +67,31 @@ def test_a_parent_and_its_100_children_survive_a_sigkill_of_one_instance(
     assert again <= 2, ran  # children run one at a time: at most the one in flight
     report = audit(kafka_bootstrap, ns, expect_finished=True)
     assert report.violations == [], report.violations
+
+
+def test_get_run_names_parent_and_children_and_get_tree_draws_them(kafka_bootstrap, ns, tmp_path):
+    from click.testing import CliRunner
+
+    from runstream.cli.main import cli
+    from runstream.topics.admin import ensure_topics
+
+    from .flows import make_app
+    from .kit import PARTITIONS, ThreadWorker
+
+    ensure_topics(kafka_bootstrap, ns, PARTITIONS)
+    worker = ThreadWorker(make_app(ns, kafka_bootstrap), tmp_path / "state")
+    try:
+        with runstream.Client(ns, kafka_bootstrap) as client:
+            client.start("parent", 2, run_id="fam")
+            assert len(client.result("fam", timeout=60)) == 2
+            assert client.get_run("fam").children == ["fam/1", "fam/2"]
+            assert client.get_run("fam/2").parent_run_id == "fam"
+        out = CliRunner().invoke(
+            cli, ["get", "fam", "--tree", "-n", ns, "--bootstrap", kafka_bootstrap]
+        )
+        assert out.exit_code == 0, out.output
+        lines = out.output.splitlines()
+        assert any("fam " in line and "parent" in line for line in lines), out.output
+        assert sum("kid" in line and "completed" in line for line in lines) == 2, out.output
+    finally:
+        worker.stop()

@@ -51,8 +51,10 @@ def _sample(avro_type: Any) -> Any:
         return _sample(next(t for t in avro_type if t != "null"))
     if avro_type["type"] == "map":
         return {"a": _sample(avro_type["values"]), "b": _sample(avro_type["values"])}
-    if avro_type["type"] == "array":
+    if avro_type["type"] == "array" and avro_type["items"] == "int":
         return [_sample(avro_type["items"]), -3, 300]
+    if avro_type["type"] == "array":
+        return [_sample(avro_type["items"]), "", "é"]
     raise AssertionError(f"no sample for {avro_type!r}")
 
 
@@ -204,6 +206,8 @@ FIELDS = {
         "continued_as",
         "reply_error",
         "code",
+        "parent_run_id",
+        "children",
     ],
     "Event": ["name", "payload", "event_id"],
 }
@@ -225,7 +229,7 @@ _AVRO_TYPES = {"string": str, "bytes": bytes, "int": int, "long": int, "boolean"
 def _python_type(avro_type: Any) -> Any:
     if isinstance(avro_type, list):  # ["null", T]
         return _python_type(avro_type[1]) | None
-    if isinstance(avro_type, dict) and avro_type["type"] == "array":  # of ints
+    if isinstance(avro_type, dict) and avro_type["type"] == "array":  # of ints or strings
         return list[_python_type(avro_type["items"])]
     if isinstance(avro_type, dict):  # a map of strings
         return dict[str, _python_type(avro_type["values"])]

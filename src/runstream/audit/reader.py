@@ -3,7 +3,9 @@
 Reads committed records only. Meant for a quiet namespace; on a live one, runs still
 moving show as suspended (or as violations with ``expect_finished``). Also checks what
 only the log can tell: every record is keyed by its run id and lies on the partition
-that id hashes to (Kafka's murmur2), so commands and journal stay co-partitioned.
+that id hashes to (Kafka's murmur2), so commands and journal stay co-partitioned; and,
+with ``expect_finished``, that every child run a parent started did start, once, as that
+parent's child (a second start would be a second RunStarted in the child's journal).
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ from runstream.audit.rules import RunCheck, Violation
 from runstream.engine.partitioner import partition_for
 from runstream.errors import DecodeError, TopicError
 from runstream.schemas.codec import Codec
-from runstream.schemas.records import FACTS, DeadLetter, Reason, RunRecovered
+from runstream.schemas.records import (
+    FACTS,
+    ChildStarted,
+    DeadLetter,
+    Reason,
+    RunRecovered,
+    RunStarted,
+)
 from runstream.topics.admin import client_config, partition_count
 from runstream.topics.kafka import read_to_end
 from runstream.topics.spec import Topics
@@ -109,6 +118,8 @@ def audit(
 
     runs: dict[str, RunCheck] = {}
     misplaced: list[Violation] = []
+    children: list[tuple[str, str, int]] = []  # (parent, child, ChildStarted offset)
+    parents: dict[str, str] = {}  # child run -> the parent its RunStarted names
     n_parts: int | None = None
     for batch in read(topics.journal):
         for rec in batch:
@@ -147,6 +158,10 @@ def audit(
             check.add(fact, offset)  # type: ignore[arg-type]
             if isinstance(fact, RunRecovered):
                 report.recovered[run_id, fact.seq] += 1
+            elif isinstance(fact, ChildStarted):
+                children.append((run_id, fact.child_run_id, offset))
+            elif isinstance(fact, RunStarted) and fact.parent_run_id:
+                parents[run_id] = fact.parent_run_id
 
     statuses: Counter[str] = Counter()
     for run_id, check in runs.items():
@@ -170,6 +185,13 @@ def audit(
                 )
             )
     report.violations += misplaced
+    if expect_finished:  # every child a parent started did start, as its child, once
+        for parent, child, offset in children:
+            if parents.get(child) != parent:
+                why = "never started" if child not in runs else "names another parent"
+                report.violations.append(
+                    Violation(parent, runs[parent].partition, (offset,), f"child {child!r} {why}")
+                )
     report.runs, report.statuses = len(runs), dict(statuses)
     report.seconds = time.monotonic() - began
     return report

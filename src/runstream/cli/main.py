@@ -230,14 +230,34 @@ def cancel(
         client.cancel(run_id, compensate=compensate, reason=reason)
 
 
+#: `get --tree` shows child runs this many levels deep at most.
+TREE_DEPTH = 10
+
+
 @cli.command("get")
 @click.argument("run_id")
 @options.namespace
 @options.bootstrap
-def get_run(run_id: str, namespace: str, bootstrap: str | None) -> None:
-    """Show RUN_ID's status, as its owning instance knows it (JSON)."""
+@click.option("--tree", is_flag=True, help="Draw the run and its child runs, theirs too.")
+def get_run(run_id: str, namespace: str, bootstrap: str | None, tree: bool) -> None:
+    """Show RUN_ID's status, as its owning instance knows it (JSON), or its tree."""
     with _client(namespace, bootstrap) as client:
-        click.echo(client.get_run(run_id).model_dump_json(indent=2))
+        if not tree:
+            click.echo(client.get_run(run_id).model_dump_json(indent=2))
+            return
+        from rich.console import Console
+        from rich.tree import Tree
+
+        def grow(node: Tree, child_id: str, depth: int) -> None:
+            info = client.get_run(child_id)
+            branch = node.add(f"{info.run_id}  {info.workflow}  [bold]{info.status}[/bold]")
+            if depth < TREE_DEPTH:
+                for grandchild in info.children:
+                    grow(branch, grandchild, depth + 1)
+
+        root = Tree(f"namespace {namespace}")
+        grow(root, run_id, 0)
+        Console().print(root)
 
 
 def main() -> None:

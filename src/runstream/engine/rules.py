@@ -77,6 +77,8 @@ from runstream.schemas.records import (
 )
 
 Activation = Callable[[str], AbstractContextManager[None]]
+#: A run's answer names this many of its children at most (the record has a size limit).
+MAX_CHILDREN_SHOWN = 1000
 
 OVERRAN = (
     "workflow code ran past its time budget (Settings.activation_budget) and was "
@@ -357,6 +359,8 @@ class Rules:
             st.steps,
             st.continued_as,
             code=st.code,
+            parent_run_id=st.parent_run_id,
+            children=_child_ids(st)[:MAX_CHILDREN_SHOWN],
         )
 
     # -- internal work ---------------------------------------------------------------
@@ -765,3 +769,13 @@ class Rules:
             why = f"its parent {st.run_id!r} ended ({st.status.value}) first"
             compensate = child.parent_close == "request_cancel"
             b.effects.commands.append(Cancel(child.child_run_id, compensate, why, b.now, False))
+
+
+def _child_ids(st: RunState) -> list[str]:
+    """The child runs ``st`` started (running or ended), in the order it started them."""
+    facts = sorted({**st.resolved, **st.pending}.items())
+    return [
+        f.child_run_id
+        for _, f in facts
+        if isinstance(f, ChildStarted) or (isinstance(f, ChildEnded) and f.status != "rejected")
+    ]

@@ -560,6 +560,8 @@ class RunInfo(Record):
     continued_as: str | None = None
     reply_error: str | None = None
     code: str | None = None
+    parent_run_id: str | None = None
+    children: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
