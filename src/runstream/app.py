@@ -39,7 +39,13 @@ class App:
     def workflow(self, fn: F) -> F: ...
     @overload
     def workflow(
-        self, *, name: str | None = None, version: str = "1", timeout: float | str | None = None
+        self,
+        *,
+        name: str | None = None,
+        version: str = "1",
+        timeout: float | str | None = None,
+        on_event: str | None = None,
+        key: Callable[[Any], Any] | None = None,
     ) -> Callable[[F], F]: ...
 
     def workflow(
@@ -49,14 +55,21 @@ class App:
         name: str | None = None,
         version: str = "1",
         timeout: float | str | None = None,
+        on_event: str | None = None,
+        key: Callable[[Any], Any] | None = None,
     ) -> Any:
         """Register an ``async def (ctx, input)`` as a workflow; the name defaults to the
         function's. Register several versions under one name: new runs take the newest,
         running ones stay on theirs. ``timeout`` (seconds or ``"1h"``): a run still going
-        that long after its start fails with RunTimedOut, compensating like any failure."""
+        that long after its start fails with RunTimedOut, compensating like any failure.
+        ``on_event``: each event of that name starts a run with the event's payload as its
+        input, once per event (run id ``<workflow>:<event id>``), or once per ``key`` of
+        the payload (``key=lambda ev: ev["order"]``: run id ``<workflow>:<key>``)."""
 
         def register(f: F) -> F:
-            wf = workflow_def(f, name=name, version=version, timeout=timeout)
+            wf = workflow_def(
+                f, name=name, version=version, timeout=timeout, on_event=on_event, key=key
+            )
             self.registry.add_workflow(wf)
             f.__runstream_workflow__ = wf.name  # type: ignore[attr-defined]
             return f

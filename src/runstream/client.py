@@ -35,12 +35,14 @@ from runstream.schemas.records import (
     TERMINAL,
     Cancel,
     Command,
+    PublishEvent,
     Query,
     Retry,
     Signal,
     StartRun,
     Status,
     continuation_of,
+    correlation_id,
     run_id_problem,
 )
 from runstream.schemas.records import (
@@ -237,6 +239,28 @@ class Client:
             raise ValueError(f"children must be 'cancel' or 'abandon', not {children!r}")
         abandon = children == "abandon"
         self._send(Cancel(run_id, compensate, reason, _now_ms(), abandon), wait)
+
+    def publish(
+        self,
+        name: str,
+        value: Any = None,
+        *,
+        key: str = "",
+        ttl: float | str = 0,
+        event_id: str | None = None,
+        wait: bool = True,
+    ) -> str:
+        """Publish event ``name`` with correlation ``key``: each run waiting for it
+        (``ctx.wait_for_event(name, key=...)``) gets it once, each workflow it triggers
+        starts. ``ttl`` (seconds or "10m") keeps it for waits that come later; 0 (the
+        default) reaches only waits that exist. An event id makes retries count once."""
+        event_id = event_id or uuid.uuid4().hex
+        ttl_ms = int(seconds(ttl) * 1000)
+        corr = correlation_id(name, key)
+        self._send(
+            PublishEvent(corr, name, event_id, payload.dumps(value), key, ttl_ms, _now_ms()), wait
+        )
+        return event_id
 
     def retry(self, run_id: str, *, input: Any = _KEEP, reason: str = "") -> str:
         """Let a failed or dead run go on from its last completed step (the steps after it

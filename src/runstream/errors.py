@@ -131,6 +131,10 @@ def run_failed(run_id: str, error: str, status: str = "failed") -> RunFailed:
     return cls(run_id, error, status)
 
 
+class EventTimeout(RunstreamError, TimeoutError):
+    """Raised in a workflow by ``ctx.wait_for_event`` when its timeout passes first."""
+
+
 class ChildFailed(RunstreamError):
     """Raised in a parent workflow by ``ctx.child`` (or ``ctx.start_child``) when the child
     run did not complete: it failed, was cancelled, died, or could not start."""

@@ -51,9 +51,11 @@ from runstream.schemas.records import (
     Command,
     DeadLetter,
     Fact,
+    PublishEvent,
     Reason,
     Signal,
     StartRun,
+    correlation_id,
 )
 from runstream.topics.spec import Topics
 
@@ -235,6 +237,18 @@ class WorkflowTester:
             self._signal_ids += 1
             signal_id = f"test-signal-{self._signal_ids}"
         self._send(Signal(run_id, name, payload.dumps(value), signal_id))
+
+    def publish(
+        self, name: str, value: Any = None, *, key: str = "", ttl: Duration = 0, event_id: str = ""
+    ) -> str:
+        """Publish event ``name`` with correlation ``key`` (see `Client.publish`): the runs
+        waiting for it go on, the workflows it triggers start. Returns its event id."""
+        if not event_id:
+            self._signal_ids += 1
+            event_id = f"test-event-{self._signal_ids}"
+        corr = correlation_id(name, key)
+        self._send(PublishEvent(corr, name, event_id, payload.dumps(value), key, _ms(ttl)))
+        return event_id
 
     def cancel(self, run_id: str, *, compensate: bool = False, reason: str = "") -> None:
         """Cancel a run (see `Client.cancel`). Raises RunNotFound."""

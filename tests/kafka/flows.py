@@ -166,6 +166,15 @@ def make_app(ns: str, bootstrap: str | None = None, **kw) -> runstream.App:
         """``n`` child runs, one after the other: the executions of their ticks."""
         return [await ctx.child(kid, i) for i in range(n)]
 
+    @app.workflow
+    async def listener(ctx: runstream.Context, key: str) -> list[int]:
+        """The next ten events "tick" of correlation ``key``: their numbers."""
+        return [(await ctx.wait_for_event("tick", key=key))["n"] for _ in range(10)]
+
+    @app.workflow(on_event="order.placed", key=lambda ev: ev["order"])
+    async def placed(ctx: runstream.Context, ev: dict) -> str:
+        return await ctx.step(tick, ctx.run_id, 1)
+
     return app
 
 

@@ -75,7 +75,7 @@ def codec() -> Codec:
 
 
 def test_every_shipped_file_is_a_documented_runstream_record() -> None:
-    assert len(SHIPPED) == 36
+    assert len(SHIPPED) == 45
     for filename, schema in ALL_FILES.items():
         assert filename.startswith(f"runstream.{schema['name']}.")
         assert schema["namespace"] == "runstream"
@@ -110,6 +110,15 @@ FIELDS = {
     ],
     "Signal": ["run_id", "name", "payload", "signal_id", "sent_at_ms"],
     "Cancel": ["run_id", "compensate", "reason", "sent_at_ms", "abandon_children"],
+    "PublishEvent": ["run_id", "name", "event_id", "payload", "key", "ttl_ms", "sent_at_ms"],
+    "Subscribe": ["run_id", "name", "subscriber", "seq", "key", "cancel", "sent_at_ms"],
+    "DeliverEvent": ["run_id", "seq", "name", "event_id", "payload", "sent_at_ms"],
+    "EventAwaited": [*_FACT, "seq", "name", "key", "timeout_at_ms"],
+    "EventReceived": [*_FACT, "seq", "name", "event_id", "payload"],
+    "EventTimedOut": [*_FACT, "seq", "name"],
+    "EventPublished": [*_FACT, "name", "event_id", "payload", "key", "expires_at_ms"],
+    "EventSubscribed": [*_FACT, "subscriber", "seq"],
+    "EventMatched": [*_FACT, "subscriber", "seq", "event_id"],
     "ChildResult": [
         "run_id",
         "seq",

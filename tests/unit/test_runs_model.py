@@ -227,3 +227,8 @@ def test_undecodable_records_are_skipped_and_read_past(model):
 def test_a_bad_page_position_is_a_value_error(model):
     with pytest.raises(ValueError, match="not a page position"):
         model.find(RunQuery(), after="yesterday")
+
+
+def test_an_unmatched_event_makes_no_run_row():
+    ev = LifecycleEvent("event.unmatched", "~event/tick/k", 1, reason="nobody waited")
+    assert fold(None, ev) is None

@@ -34,8 +34,12 @@ from dataclasses import dataclass
 
 from runstream.schemas.records import (
     END_FACTS,
+    ENTITY_PREFIX,
     ChildEnded,
     ChildStarted,
+    EventAwaited,
+    EventReceived,
+    EventTimedOut,
     Fact,
     RetriedAsNew,
     RunParked,
@@ -64,12 +68,14 @@ _WAITS = {
     "TimerScheduled": "open timer",
     "SignalAwaited": "open signal wait",
     "ChildStarted": "child running",
+    "EventAwaited": "open event wait",
 }
 _WAIT_ORDER = (
     "step in flight",
     "retry scheduled",
     "open timer",
     "open signal wait",
+    "open event wait",
     "child running",
 )
 # What a settling fact may settle, and which ones need it open.
@@ -78,8 +84,10 @@ _OPENED_BY = {
     "SignalTimedOut": ("SignalAwaited",),
     "SignalReceived": ("SignalAwaited",),
     "ValueRecorded": (),
+    "EventReceived": ("EventAwaited",),
+    "EventTimedOut": ("EventAwaited",),
 }
-_NEEDS_OPEN = frozenset({"TimerFired", "SignalTimedOut"})
+_NEEDS_OPEN = frozenset({"TimerFired", "SignalTimedOut", "EventReceived", "EventTimedOut"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +113,14 @@ def settles(fact: Fact) -> bool:
         return not fact.awaited  # a fire-and-forget child settles its seq at once
     return isinstance(
         fact,
-        StepCompleted | TimerFired | SignalReceived | SignalTimedOut | ValueRecorded | ChildEnded,
+        StepCompleted
+        | TimerFired
+        | SignalReceived
+        | SignalTimedOut
+        | ValueRecorded
+        | ChildEnded
+        | EventReceived
+        | EventTimedOut,
     )
 
 
@@ -120,6 +135,7 @@ class RunCheck:
         "after_end",
         "completed",
         "dead_lettered",
+        "entity",
         "facts",
         "failed_attempt",
         "first",
@@ -158,6 +174,7 @@ class RunCheck:
         self.seqs: set[int] = set()
         self.recovering: set[int] = set()  # seqs with a RunRecovered, not yet restarted
         self.failed_attempt: dict[int, int] = {}  # seq -> attempt of its final StepFailed
+        self.entity = run_id.startswith(ENTITY_PREFIX)  # ~event/...: not a run
         self.retried_as = False  # a RetriedAsNew was seen
 
     def _bad(self, message: str, *positions: int) -> None:
@@ -167,6 +184,9 @@ class RunCheck:
         """Check one fact against what the run's earlier facts allow."""
         name = type(fact).__name__
         self.facts += 1
+        if self.entity:  # an event correlation entity: no run, none of the run rules
+            self.first = self.first or name
+            return
         if self.first is None or (self.first == "RunRejected" and self.starts == 0):
             self.first = name
             if not isinstance(fact, RunStarted | RunRejected):
@@ -196,7 +216,14 @@ class RunCheck:
                 self._step_started(fact, pos)
             case StepCompleted() | StepFailed():
                 self._step_ended(fact, pos)
-            case TimerFired() | SignalReceived() | SignalTimedOut() | ValueRecorded():
+            case (
+                TimerFired()
+                | SignalReceived()
+                | SignalTimedOut()
+                | ValueRecorded()
+                | EventReceived()
+                | EventTimedOut()
+            ):
                 if self._settled_twice(name, fact.seq, pos):
                     return
                 prev = self.open.pop(fact.seq, None)
@@ -208,7 +235,7 @@ class RunCheck:
                 self.settled[fact.seq] = (name, pos)
             case ChildStarted() | ChildEnded():
                 self._child(fact, pos)
-            case TimerScheduled() | SignalAwaited():
+            case TimerScheduled() | SignalAwaited() | EventAwaited():
                 if fact.seq in self.settled or fact.seq in self.open:
                     at = (self.settled.get(fact.seq) or self.open[fact.seq])[-1]
                     self._bad(f"{name} seq {fact.seq} reuses a sequence number", at, pos)
@@ -373,6 +400,8 @@ class RunCheck:
         its terminal status, ``suspended: <why>``, ``rejected`` or ``stuck``."""
         if self.first is None:
             return "empty"
+        if self.entity:
+            return "event correlation"
         if self.after_end:
             shown = ", ".join(f"{n}@{p}" for n, p in self.after_end[:5])
             more = f" and {len(self.after_end) - 5} more" if len(self.after_end) > 5 else ""

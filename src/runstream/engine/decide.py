@@ -46,6 +46,8 @@ from runstream.schemas.records import (
     ChildResult,
     Command,
     DeadLetter,
+    DeliverEvent,
+    PublishEvent,
     Query,
     Reason,
     Retry,
@@ -53,6 +55,7 @@ from runstream.schemas.records import (
     Signal,
     StartRun,
     StepResult,
+    Subscribe,
     redrives_of,
     run_id_problem,
 )
@@ -168,6 +171,12 @@ class Decider:
                 rules.step_result(b, st, cmd)
             case ChildResult():
                 rules.child_result(b, st, cmd)
+            case PublishEvent():
+                rules.publish(b, st, cmd)
+            case Subscribe():
+                rules.subscribe(b, st, cmd)
+            case DeliverEvent():
+                rules.deliver_event(b, st, cmd)
             case Query():
                 rules.query(b, st, cmd)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from runstream.engine.state import RunState
 from runstream.schemas.records import (
+    EventAwaited,
     Fact,
     Kind,
     LifecycleEvent,
@@ -63,6 +64,9 @@ def event(fact: Fact, state: RunState) -> LifecycleEvent | None:
             return ev(Kind.RUN_SUSPENDED, seq=seq, reason=f"sleeping until {until}")
         case SignalAwaited(seq=seq, name=name):
             return ev(Kind.RUN_SUSPENDED, seq=seq, reason=f"waiting for signal {name!r}")
+        case EventAwaited(seq=seq, name=name, key=key):
+            why = f"waiting for event {name!r} (key {key!r})"
+            return ev(Kind.RUN_SUSPENDED, seq=seq, reason=why)
         case RunParked(reason=reason):
             return ev(Kind.RUN_SUSPENDED, reason=reason)
         case RunCompleted(output=output, continued_as=successor):

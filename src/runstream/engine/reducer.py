@@ -16,6 +16,12 @@ from runstream.schemas.records import (
     ChildEnded,
     ChildStarted,
     CompensationStarted,
+    EventAwaited,
+    EventMatched,
+    EventPublished,
+    EventReceived,
+    EventSubscribed,
+    EventTimedOut,
     Fact,
     RetriedAsNew,
     RunCancelled,
@@ -53,6 +59,12 @@ def apply(state: RunState, fact: Fact) -> RunState:
     match fact:
         case StepStarted() | StepHandedOver() | TimerScheduled() | SignalAwaited():
             state.pending[fact.seq] = fact
+        case EventAwaited():
+            state.pending[fact.seq] = fact
+        case EventReceived() | EventTimedOut():
+            _settle(state, fact)
+        case EventPublished() | EventSubscribed() | EventMatched():
+            _correlate(state, fact)
         case ChildStarted(awaited=True):
             state.pending[fact.seq] = fact  # until its ChildEnded
         case ChildStarted() | ChildEnded():
@@ -123,7 +135,9 @@ def _settle(
     | SignalTimedOut
     | ValueRecorded
     | ChildStarted
-    | ChildEnded,
+    | ChildEnded
+    | EventReceived
+    | EventTimedOut,
 ) -> None:
     state.pending.pop(fact.seq, None)
     state.resolved[fact.seq] = fact
@@ -139,6 +153,30 @@ def _reopen(state: RunState, fact: RunRetried) -> None:
         failed = state.resolved.pop(seq)
         assert isinstance(failed, StepFailed)
         state.pending[seq] = replace(failed, retry_at_ms=fact.at_ms)
+
+
+#: How many recent event ids a correlation entity remembers to count a retried publish once.
+EVENT_IDS_KEPT = 1000
+
+
+def _correlate(state: RunState, fact: EventPublished | EventSubscribed | EventMatched) -> None:
+    """A correlation entity's events and waits. Only facts' own times are used, so the
+    fold stays pure: an event is dropped once a later fact is past its time to live."""
+    match fact:
+        case EventPublished():
+            state.events = [e for e in state.events if e.expires_at_ms > fact.at_ms]
+            if fact.expires_at_ms > fact.at_ms:
+                state.events.append(fact)
+            state.event_ids = [*state.event_ids[-(EVENT_IDS_KEPT - 1) :], fact.event_id]
+            kept = {e.event_id for e in state.events}
+            state.delivered = {d for d in state.delivered if d[1] in kept}
+        case EventSubscribed():
+            state.subscriptions.append((fact.subscriber, fact.seq))
+        case EventMatched():
+            if (fact.subscriber, fact.seq) in state.subscriptions:
+                state.subscriptions.remove((fact.subscriber, fact.seq))
+            if fact.event_id:
+                state.delivered.add((fact.subscriber, fact.event_id))
 
 
 def _consume_buffered(state: RunState, signal_id: str) -> None:

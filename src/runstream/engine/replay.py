@@ -29,10 +29,19 @@ from typing import Any
 from runstream.engine import payload
 from runstream.engine.state import RunState
 from runstream.engine.workflow import Registry, StepDef, WorkflowDef, seconds
-from runstream.errors import ChildFailed, NonDeterminismError, SignalTimeout, StepError
+from runstream.errors import (
+    ChildFailed,
+    EventTimeout,
+    NonDeterminismError,
+    SignalTimeout,
+    StepError,
+)
 from runstream.schemas.records import (
     ChildEnded,
     ChildStarted,
+    EventAwaited,
+    EventReceived,
+    EventTimedOut,
     SeqFact,
     SignalAwaited,
     SignalReceived,
@@ -78,7 +87,15 @@ class ChildCall:
     parent_close: str
 
 
-Request = StepCall | SleepCall | SignalWait | ChildCall
+@dataclass(frozen=True, slots=True)
+class EventWait:
+    seq: int
+    name: str
+    key: str
+    timeout: float | None
+
+
+Request = StepCall | SleepCall | SignalWait | ChildCall | EventWait
 
 #: What happens to a child if its parent ends first (`Context.start_child`).
 PARENT_CLOSE = ("request_cancel", "terminate", "abandon")
@@ -176,6 +193,8 @@ def _op(fact: SeqFact) -> str:
             return f"value {fact.name}"
         case ChildStarted() | ChildEnded():
             return f"child {fact.name}"
+        case EventAwaited() | EventReceived() | EventTimedOut():
+            return f"event {fact.name}"
     raise TypeError(type(fact).__name__)  # pragma: no cover - SeqFact is closed
 
 
@@ -190,6 +209,8 @@ def requested_op(request: Request) -> str:
             return f"signal {request.name}"
         case ChildCall():
             return f"child {request.workflow}"
+        case EventWait():
+            return f"event {request.name}"
 
 
 class Context:
@@ -256,6 +277,23 @@ class Context:
         if isinstance(fact, SignalTimedOut):
             raise SignalTimeout(f"no signal {name!r} for run {self.run_id!r} within {timeout}")
         assert isinstance(fact, SignalReceived)
+        return payload.loads(fact.payload)
+
+    async def wait_for_event(
+        self, name: str, key: str = "", timeout: float | str | None = None
+    ) -> Any:
+        """The payload of the next event ``name`` published with correlation ``key``
+        (`Client.publish`): one published before the wait is received if still within its
+        time to live. Each event comes once to each wait; in a loop, in publish order.
+        Raises `EventTimeout` when ``timeout`` passes first."""
+        secs = None if timeout is None else seconds(timeout)
+        seq = self._next()
+        fact = self._recorded(seq, "event " + name)
+        while not isinstance(fact, EventReceived | EventTimedOut):
+            await _Suspend(EventWait(seq, name, key, secs))
+            fact = self._recorded(seq, "event " + name)
+        if isinstance(fact, EventTimedOut):
+            raise EventTimeout(f"no event {name!r} (key {key!r}) within {timeout}")
         return payload.loads(fact.payload)
 
     async def child(

@@ -23,6 +23,7 @@ from runstream.engine.replay import (
     ChildCall,
     Completed,
     ContinuedAsNew,
+    EventWait,
     Failed,
     NonDeterministic,
     Overran,
@@ -45,7 +46,17 @@ from runstream.schemas.records import (
     ChildStarted,
     CompensationStarted,
     DeadLetter,
+    DeliverEvent,
+    EventAwaited,
+    EventMatched,
+    EventPublished,
+    EventReceived,
+    EventSubscribed,
+    EventTimedOut,
     Fact,
+    Kind,
+    LifecycleEvent,
+    PublishEvent,
     Query,
     Reason,
     RetriedAsNew,
@@ -70,9 +81,11 @@ from runstream.schemas.records import (
     StepHandedOver,
     StepResult,
     StepStarted,
+    Subscribe,
     TimerFired,
     TimerScheduled,
     continuation_of,
+    correlation_id,
     run_id_problem,
 )
 
@@ -271,6 +284,86 @@ class Rules:
         self.emit(b, st, RetriedAsNew(run_id, b.now, successor, reason))
         self._start_successor(b, st, successor, data, tags, parent_seq=None)
 
+    # -- named events: the correlation entity's side, then the waiting run's -------------
+    def publish(self, b: Batch, corr: RunState, cmd: PublishEvent) -> None:
+        """An event reaches the entity of its name and key: every wait open there gets it,
+        each workflow it triggers starts, and it is kept for its time to live. A retried
+        publish (the same event id) counts once."""
+        if cmd.event_id in corr.event_ids:
+            return
+        now = b.now
+        too_large = self.limits.too_large(f"the payload of event {cmd.name!r}", len(cmd.payload))
+        if too_large:
+            raise Rejected(Reason.OVERSIZE, too_large)
+        fact = EventPublished(
+            corr.run_id, now, cmd.name, cmd.event_id, cmd.payload, cmd.key, now + cmd.ttl_ms
+        )
+        self.emit(b, corr, fact)
+        waiting = list(corr.subscriptions)
+        for run_id, seq in waiting:
+            self._deliver(b, corr, run_id, seq, fact)
+        started = self._trigger(b, cmd)
+        if not (waiting or started or cmd.ttl_ms > 0):  # for analytics, not dead-lettered
+            b.effects.lifecycle.append(
+                LifecycleEvent(
+                    Kind.EVENT_UNMATCHED, corr.run_id, now,
+                    reason=f"no run waited for event {cmd.name!r} (key {cmd.key!r}) and no "
+                    "workflow is triggered by it",
+                )
+            )  # fmt: skip
+
+    def _trigger(self, b: Batch, cmd: PublishEvent) -> int:
+        """Start the workflows ``cmd`` triggers, once per event or per key; how many."""
+        started = 0
+        for wf in self.registry.triggered_by(cmd.name):
+            try:
+                key = cmd.event_id if wf.event_key is None else wf.event_key(
+                    payload.loads(cmd.payload)
+                )  # fmt: skip
+            except Exception as exc:  # user code: its failure must not lose the event
+                reason = self.limits.clip(
+                    f"the key of workflow {wf.name!r} for event {cmd.name!r} failed: {exc!r}"
+                )
+                b.effects.dead_letters.append(
+                    DeadLetter(reason, "", 0, -1, None, None, None, b.now, Reason.INVALID_INPUT)
+                )
+                continue
+            run_id = f"{wf.name}:{key}"
+            b.effects.commands.append(StartRun(run_id, wf.name, cmd.payload, sent_at_ms=b.now))
+            started += 1
+        return started
+
+    def subscribe(self, b: Batch, corr: RunState, cmd: Subscribe) -> None:
+        """A run waits for the next event here (or no longer does): give it the oldest
+        event still within its time to live that it has not had, or keep the wait open."""
+        if cmd.cancel:
+            if (cmd.subscriber, cmd.seq) in corr.subscriptions:
+                self.emit(b, corr, EventMatched(corr.run_id, b.now, cmd.subscriber, cmd.seq, ""))
+            return
+        for event in corr.events:
+            fresh = event.expires_at_ms > b.now
+            if fresh and (cmd.subscriber, event.event_id) not in corr.delivered:
+                self._deliver(b, corr, cmd.subscriber, cmd.seq, event)
+                return
+        self.emit(b, corr, EventSubscribed(corr.run_id, b.now, cmd.subscriber, cmd.seq))
+
+    def _deliver(
+        self, b: Batch, corr: RunState, run_id: str, seq: int, event: EventPublished
+    ) -> None:
+        self.emit(b, corr, EventMatched(corr.run_id, b.now, run_id, seq, event.event_id))
+        b.effects.commands.append(
+            DeliverEvent(run_id, seq, event.name, event.event_id, event.payload, b.now)
+        )
+
+    def deliver_event(self, b: Batch, st: RunState, cmd: DeliverEvent) -> None:
+        """The event matched to the run's wait at ``seq``; too late if the wait is over."""
+        waiting = st.pending.get(cmd.seq)
+        if not isinstance(waiting, EventAwaited) or waiting.name != cmd.name:
+            return  # it timed out, or the run ended: the event was not for it anymore
+        received = EventReceived(st.run_id, b.now, cmd.seq, cmd.name, cmd.event_id, cmd.payload)
+        self.emit(b, st, received)
+        self._advance(b, st)
+
     def child_result(self, b: Batch, st: RunState, cmd: ChildResult) -> None:
         """An awaited child ended: settle the parent's seq and go on."""
         started = st.pending.get(cmd.seq)
@@ -424,6 +517,10 @@ class Rules:
                 self.emit(b, st, SignalTimedOut(st.run_id, b.now, seq, name))
             case StepFailed(retry_at_ms=int(due)) if due <= b.now:
                 pass  # _advance starts the next attempt
+            case EventAwaited(timeout_at_ms=int(due), name=name, key=key) if due <= b.now:
+                self.emit(b, st, EventTimedOut(st.run_id, b.now, seq, name))
+                corr = correlation_id(name, key)  # the event may come: not for this wait
+                b.effects.commands.append(Subscribe(corr, name, st.run_id, seq, key, True, b.now))
             case _:
                 return
         self._advance(b, st)
@@ -597,6 +694,12 @@ class Rules:
                 self.emit(b, st, SignalAwaited(run_id, now, seq, name, timeout_at))
             case Blocked(ChildCall() as call):
                 return self._start_child(b, st, call)
+            case Blocked(EventWait(seq, name, key, timeout)):
+                if seq not in st.pending:
+                    timeout_at = None if timeout is None else now + int(timeout * 1000)
+                    self.emit(b, st, EventAwaited(run_id, now, seq, name, key, timeout_at))
+                    corr = correlation_id(name, key)
+                    b.effects.commands.append(Subscribe(corr, name, run_id, seq, key, False, now))
         return False
 
     def _start_child(self, b: Batch, st: RunState, call: ChildCall) -> bool:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field, replace
 from runstream.schemas.records import (
     TERMINAL,
     CompensationStarted,
+    EventAwaited,
+    EventPublished,
     SeqFact,
     SignalAwaited,
     SignalBuffered,
@@ -46,6 +48,11 @@ class RunState:
     pending: dict[int, SeqFact] = field(default_factory=dict)
     signals: list[SignalBuffered] = field(default_factory=list)  # buffered, not yet consumed
     signal_ids: set[str] = field(default_factory=set)  # every signal id seen: dedupe
+    # A correlation entity (~event/<name>/<key>), not a run: its events and the waits.
+    events: list[EventPublished] = field(default_factory=list)  # within their time to live
+    event_ids: list[str] = field(default_factory=list)  # the latest ids seen: dedupe
+    subscriptions: list[tuple[str, int]] = field(default_factory=list)  # (run, seq)
+    delivered: set[tuple[str, str]] = field(default_factory=set)  # (run, event id)
     recoveries: int = 0
     compensation: CompensationStarted | None = None  # while compensating
     output: bytes | None = None
@@ -77,6 +84,10 @@ class RunState:
             pending=dict(self.pending),
             signals=list(self.signals),
             signal_ids=set(self.signal_ids),
+            events=list(self.events),
+            event_ids=list(self.event_ids),
+            subscriptions=list(self.subscriptions),
+            delivered=set(self.delivered),
         )
 
     def timers(self) -> set[tuple[int, int]]:
@@ -89,7 +100,11 @@ class RunState:
             match fact:
                 case TimerScheduled(due_ms=due):
                     out.add((due, seq))
-                case StepFailed(retry_at_ms=int(due)) | SignalAwaited(timeout_at_ms=int(due)):
+                case (
+                    StepFailed(retry_at_ms=int(due))
+                    | SignalAwaited(timeout_at_ms=int(due))
+                    | EventAwaited(timeout_at_ms=int(due))
+                ):
                     out.add((due, seq))
         return out
 

@@ -87,6 +87,8 @@ class WorkflowDef:
     input: TypeAdapter[Any] | None
     input_param: str = POSITIONAL  # NO_INPUT, POSITIONAL, or the keyword's name
     timeout: float | None = None  # execution timeout in seconds (None: none)
+    on_event: str | None = None  # started by each event of this name
+    event_key: Callable[[Any], Any] | None = None  # one run per key of the event payload
 
     def parse_input(self, value: Any) -> Any:
         """The input as the workflow declared it. Raises InvalidInput."""
@@ -113,6 +115,8 @@ def workflow_def(
     name: str | None = None,
     version: str = "1",
     timeout: float | str | None = None,
+    on_event: str | None = None,
+    key: Callable[[Any], Any] | None = None,
 ) -> WorkflowDef:
     """Declare ``fn`` as a workflow (`App.workflow` does this for users).
 
@@ -146,6 +150,8 @@ def workflow_def(
         input=None if ann is Any else TypeAdapter(ann),
         input_param=input_param,
         timeout=None if timeout is None else seconds(timeout),
+        on_event=on_event,
+        event_key=key,
     )
 
 
@@ -185,6 +191,11 @@ class Registry:
                 if wf.fn is workflow:
                     return wf.name
         raise TypeError(f"{workflow!r} is not a registered workflow or a workflow name")
+
+    def triggered_by(self, event: str) -> list[WorkflowDef]:
+        """The newest version of each workflow that event ``event`` starts."""
+        latest = [self.latest(name) for name in sorted(self.workflows)]
+        return [wf for wf in latest if wf.on_event == event]
 
     def get(self, name: str, version: str) -> WorkflowDef | None:
         """Workflow ``name`` at ``version``, or None."""

@@ -84,7 +84,7 @@ class RunRow:
 def fold(row: RunRow | None, ev: LifecycleEvent) -> RunRow | None:
     """``row`` after lifecycle event ``ev`` (a new row if None); None for an event of a
     type this version does not know (readers ignore those)."""
-    if ev.type not in _KINDS:
+    if ev.type not in _KINDS or ev.type == Kind.EVENT_UNMATCHED:  # not about a run
         return row
     r = RunRow(ev.run_id, started_at_ms=ev.at_ms) if row is None else dataclasses.replace(row)
     r.workflow, r.version = ev.workflow or r.workflow, ev.version or r.version

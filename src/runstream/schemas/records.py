@@ -11,6 +11,7 @@ Records are immutable values. Collections inside them (``tags``) are never mutat
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ class Kind(StrEnum):
     RUN_DEAD = "run.dead"
     RUN_REJECTED = "run.rejected"
     RUN_RETRIED = "run.retried"
+    EVENT_UNMATCHED = "event.unmatched"
     STEP_STARTED = "step.started"
     STEP_COMPLETED = "step.completed"
     STEP_FAILED = "step.failed"
@@ -87,6 +89,8 @@ def run_id_problem(
         return f"a run id is 1 to {MAX_RUN_ID_BYTES} bytes of UTF-8, not {size}"
     if "\x00" in run_id:
         return "a run id may not contain NUL characters"
+    if new and run_id.startswith(ENTITY_PREFIX):
+        return f"run id {run_id!r} begins with {ENTITY_PREFIX!r}, which the engine reserves"
     if (
         new
         and _CONTINUATION.search(run_id)
@@ -94,6 +98,20 @@ def run_id_problem(
     ):
         return f"run id {run_id!r} ends in '~' and digits, which continue-as-new reserves"
     return None
+
+
+#: Ids of the engine's own keyed entities begin so; no run may take one.
+ENTITY_PREFIX = "~"
+
+
+def correlation_id(name: str, key: str) -> str:
+    """The id of the entity that matches events ``name`` with correlation ``key`` to the
+    runs waiting for them: its partition owns both (a hash stands in for a long pair)."""
+    corr = f"{ENTITY_PREFIX}event/{name}/{key}"
+    if len(corr.encode()) <= MAX_RUN_ID_BYTES and "\x00" not in corr:
+        return corr
+    digest = hashlib.sha256(f"{name}\x00{key}".encode()).hexdigest()
+    return f"{ENTITY_PREFIX}event/{digest}"
 
 
 def continuation_of(run_id: str) -> str:
@@ -186,6 +204,38 @@ class ChildResult(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class PublishEvent(Record):
+    run_id: str  # the correlation id, correlation_id(name, key)
+    name: str
+    event_id: str
+    payload: bytes
+    key: str = ""
+    ttl_ms: int = 0
+    sent_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe(Record):
+    run_id: str  # the correlation id
+    name: str
+    subscriber: str
+    seq: int
+    key: str = ""
+    cancel: bool = False
+    sent_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverEvent(Record):
+    run_id: str  # the waiting run
+    seq: int
+    name: str
+    event_id: str
+    payload: bytes
+    sent_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Query(Record):
     run_id: str
     request_id: str
@@ -193,16 +243,19 @@ class Query(Record):
     wait: bool = False
 
 
-Command = StartRun | Signal | Cancel | Retry | StepResult | ChildResult | Query
-COMMANDS: tuple[type[Record], ...] = (
-    StartRun,
-    Signal,
-    Cancel,
-    Retry,
-    StepResult,
-    ChildResult,
-    Query,
+Command = (
+    StartRun
+    | Signal
+    | Cancel
+    | Retry
+    | StepResult
+    | ChildResult
+    | PublishEvent
+    | Subscribe
+    | DeliverEvent
+    | Query
 )
+COMMANDS: tuple[type[Record], ...] = Command.__args__
 
 
 # -- journal facts: topic <ns>.journal, keyed by run id ----------------------------------
@@ -350,6 +403,62 @@ class ChildEnded(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class EventAwaited(Record):
+    run_id: str
+    at_ms: int
+    seq: int
+    name: str
+    key: str = ""
+    timeout_at_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EventReceived(Record):
+    run_id: str
+    at_ms: int
+    seq: int
+    name: str
+    event_id: str
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class EventTimedOut(Record):
+    run_id: str
+    at_ms: int
+    seq: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class EventPublished(Record):
+    run_id: str  # the correlation id
+    at_ms: int
+    name: str
+    event_id: str
+    payload: bytes
+    key: str = ""
+    expires_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EventSubscribed(Record):
+    run_id: str  # the correlation id
+    at_ms: int
+    subscriber: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class EventMatched(Record):
+    run_id: str  # the correlation id
+    at_ms: int
+    subscriber: str
+    seq: int
+    event_id: str  # empty: the subscription was dropped
+
+
+@dataclass(frozen=True, slots=True)
 class StepHandedOver(Record):
     run_id: str
     at_ms: int
@@ -445,6 +554,12 @@ Fact = (
     | StepHandedOver
     | ChildStarted
     | ChildEnded
+    | EventAwaited
+    | EventReceived
+    | EventTimedOut
+    | EventPublished
+    | EventSubscribed
+    | EventMatched
     | RunRecovered
     | CompensationStarted
     | RunParked
@@ -477,6 +592,9 @@ SeqFact = (
     | ValueRecorded
     | ChildStarted
     | ChildEnded
+    | EventAwaited
+    | EventReceived
+    | EventTimedOut
 )
 
 

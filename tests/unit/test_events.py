@@ -1,0 +1,183 @@
+"""Named events on the pure core: the correlation entity, waits, time to live, triggers."""
+
+from __future__ import annotations
+
+import pytest
+
+from runstream.audit import check_run
+from runstream.engine import payload
+from runstream.engine.reducer import fold
+from runstream.engine.workflow import Registry, workflow_def
+from runstream.errors import EventTimeout
+from runstream.schemas.records import PublishEvent, StartRun, correlation_id, run_id_problem
+
+from .corehelp import Core
+
+
+async def settle(ctx, order: str) -> dict:
+    return await ctx.wait_for_event("paid", key=order)
+
+
+async def collect(ctx, order: str) -> list:
+    return [(await ctx.wait_for_event("tick", key=order))["n"] for _ in range(3)]
+
+
+async def patient(ctx, order: str) -> str:
+    try:
+        await ctx.wait_for_event("paid", key=order, timeout="1m")
+    except EventTimeout:
+        return "gave up"
+    return "paid"
+
+
+async def fulfil(ctx, ev: dict) -> str:
+    return f"fulfilled {ev['order']}"
+
+
+def _core() -> Core:
+    reg = Registry()
+    for wf in (settle, collect, patient):
+        reg.add_workflow(workflow_def(wf))
+    reg.add_workflow(workflow_def(fulfil, on_event="placed", key=lambda ev: ev["order"]))
+    return Core(reg)
+
+
+def pump(core: Core) -> None:
+    while core.commands:
+        core.command(core.commands.pop(0))
+
+
+def publish(core: Core, name: str, value, key: str = "", event_id: str = "", ttl_ms: int = 0):
+    event_id = event_id or f"e{len(core.journal)}"
+    cmd = PublishEvent(correlation_id(name, key), name, event_id, payload.dumps(value), key, ttl_ms)
+    core.command(cmd)
+    pump(core)
+
+
+def test_a_wait_gets_the_event_published_after_it():
+    core = _core()
+    core.start("r", "settle", "o-1")
+    pump(core)  # the subscription reaches the entity of ("paid", "o-1")
+    publish(core, "paid", {"amount": 5}, key="o-2")  # another key: not for r
+    assert core.state("r").status == "running"
+    publish(core, "paid", {"amount": 10}, key="o-1")
+    st = core.state("r")
+    assert st.status == "completed" and payload.loads(st.output) == {"amount": 10}
+    corr = correlation_id("paid", "o-1")
+    assert [type(f).__name__ for f in core.facts(corr)] == [
+        "EventSubscribed",
+        "EventPublished",
+        "EventMatched",
+    ]
+    assert check_run(core.facts("r"), expect_finished=True) == []
+    assert fold(corr, core.facts(corr)).subscriptions == []
+
+
+def test_an_event_published_before_the_wait_counts_only_within_its_time_to_live():
+    core = _core()
+    publish(core, "paid", {"n": 1}, key="a", ttl_ms=60_000)
+    publish(core, "paid", {"n": 2}, key="b")  # ttl 0: only waits that exist
+    core.start("ra", "settle", "a")
+    core.start("rb", "settle", "b")
+    pump(core)
+    assert payload.loads(core.state("ra").output) == {"n": 1}
+    assert core.state("rb").status == "running"
+    core.now += 61_000
+    core.start("late", "settle", "a")  # past its time to live
+    pump(core)
+    assert core.state("late").status == "running"
+
+
+def test_a_wait_in_a_loop_gets_each_event_once_in_publish_order():
+    core = _core()
+    for n in (1, 2):
+        publish(core, "tick", {"n": n}, key="k", ttl_ms=600_000)
+    core.start("c", "collect", "k")
+    pump(core)
+    publish(core, "tick", {"n": 3}, key="k")
+    publish(core, "tick", {"n": 4}, key="k")
+    assert payload.loads(core.state("c").output) == [1, 2, 3]
+    assert check_run(core.facts("c"), expect_finished=True) == []
+
+
+def test_a_retried_publish_counts_once():
+    core = _core()
+    core.start("c", "collect", "k")
+    pump(core)
+    for _ in range(3):
+        publish(core, "tick", {"n": 1}, key="k", event_id="same")
+    publish(core, "tick", {"n": 2}, key="k")
+    assert core.state("c").status == "running"  # it got 1 and 2, waits for a third
+    assert len(core.facts("c", "EventReceived")) == 2
+
+
+def test_a_wait_times_out_and_a_later_event_is_not_for_it():
+    core = _core()
+    core.start("p", "patient", "o-9")
+    pump(core)
+    core.advance(60)
+    pump(core)  # the entity drops the subscription
+    assert payload.loads(core.state("p").output) == "gave up"
+    publish(core, "paid", {}, key="o-9")
+    assert core.names("p")[-1] == "RunCompleted"
+    corr = correlation_id("paid", "o-9")
+    assert fold(corr, core.facts(corr)).subscriptions == []
+    assert check_run(core.facts("p"), expect_finished=True) == []
+
+
+def test_an_event_triggered_workflow_starts_once_per_key():
+    core = _core()
+    publish(core, "placed", {"order": "o-1"}, event_id="a")
+    publish(core, "placed", {"order": "o-1"}, event_id="a")  # a producer's retry
+    publish(core, "placed", {"order": "o-1"}, event_id="b")  # same key: same run
+    publish(core, "placed", {"order": "o-2"}, event_id="c")
+    runs = sorted(r for r in core.states if r.startswith("fulfil:"))
+    assert runs == ["fulfil:o-1", "fulfil:o-2"]
+    assert payload.loads(core.state("fulfil:o-1").output) == "fulfilled o-1"
+    assert core.names("fulfil:o-1").count("RunStarted") == 1
+
+
+def test_an_event_nobody_wants_is_counted_in_the_lifecycle_stream_not_dead_lettered():
+    core = _core()
+    publish(core, "nobody.cares", {"x": 1}, key="z")
+    assert core.dead == []
+    (ev,) = [e for e in core.lifecycle if e.type == "event.unmatched"]
+    assert ev.run_id == correlation_id("nobody.cares", "z") and "nobody.cares" in ev.reason
+
+
+def test_entity_ids_are_reserved_and_long_pairs_are_hashed():
+    assert run_id_problem("~event/x/y", new=True) is not None
+    core = _core()
+    core.command(StartRun("~mine", "settle", b'"o"'))
+    assert [d.code for d in core.dead] == ["bad-run-id"]
+    corr = correlation_id("n" * 200, "k" * 200)
+    assert len(corr.encode()) <= 255 and corr.startswith("~event/")
+
+
+@pytest.mark.parametrize("key", ["", "o-1"])
+def test_the_entitys_facts_pass_the_audit(key):
+    core = _core()
+    core.start("r", "settle", key)
+    pump(core)
+    publish(core, "paid", {"ok": True}, key=key)
+    corr = correlation_id("paid", key)
+    assert check_run(core.facts(corr), expect_finished=True) == []
+
+
+def test_the_testing_kit_delivers_events_published_by_the_test():
+    import runstream
+    from runstream.testing import WorkflowTester
+
+    app = runstream.App("kit")
+
+    @app.workflow
+    async def shipping(ctx, order: str) -> dict:
+        return await ctx.wait_for_event("shipped", key=order, timeout="7d")
+
+    t = WorkflowTester(app)
+    t.publish("shipped", {"carrier": "early"}, key="o-1", ttl="1h")  # before the wait
+    run = t.start("shipping", "o-1")
+    assert run.result() == {"carrier": "early"}
+    late = t.start("shipping", "o-2")
+    t.publish("shipped", {"carrier": "ups"}, key="o-2")
+    assert late.result() == {"carrier": "ups"}
