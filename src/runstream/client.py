@@ -38,12 +38,14 @@ from runstream.schemas.records import (
     PublishEvent,
     Query,
     Retry,
+    ScheduleCommand,
     Signal,
     StartRun,
     Status,
     continuation_of,
     correlation_id,
     run_id_problem,
+    schedule_id,
 )
 from runstream.schemas.records import (
     RunInfo as RunInfoRecord,
@@ -261,6 +263,33 @@ class Client:
             PublishEvent(corr, name, event_id, payload.dumps(value), key, ttl_ms, _now_ms()), wait
         )
         return event_id
+
+    def schedule(
+        self, name: str, workflow: str | Callable[..., Any], input: Any = None, *,
+        cron: str, tz: str = "UTC",
+    ) -> None:  # fmt: skip
+        """Create or replace schedule ``name``: at each fire time of ``cron`` (read in
+        ``tz``) start ``workflow`` with ``input``, as run ``<name>@<fire time>``. A fire
+        missed while no engine ran is caught up once, never twice. A bad cron expression
+        or time zone, or an unknown workflow, is dead-lettered with the reason."""
+        wf = getattr(workflow, "__runstream_workflow__", workflow)
+        if not isinstance(wf, str):
+            raise TypeError(f"{workflow!r} is not a registered workflow or a workflow name")
+        data = payload.dumps(input)
+        self._send(ScheduleCommand(schedule_id(name), "set", wf, data, cron, tz, _now_ms()))
+
+    def pause_schedule(self, name: str) -> None:
+        """Stop firing schedule ``name`` until it is resumed."""
+        self._send(ScheduleCommand(schedule_id(name), "pause", sent_at_ms=_now_ms()))
+
+    def resume_schedule(self, name: str) -> None:
+        """Fire schedule ``name`` again from its next fire time (the ones missed while it
+        was paused are not fired)."""
+        self._send(ScheduleCommand(schedule_id(name), "resume", sent_at_ms=_now_ms()))
+
+    def delete_schedule(self, name: str) -> None:
+        """Delete schedule ``name``: it fires no more."""
+        self._send(ScheduleCommand(schedule_id(name), "delete", sent_at_ms=_now_ms()))
 
     def retry(self, run_id: str, *, input: Any = _KEEP, reason: str = "") -> str:
         """Let a failed or dead run go on from its last completed step (the steps after it

@@ -53,9 +53,11 @@ from runstream.schemas.records import (
     Fact,
     PublishEvent,
     Reason,
+    ScheduleCommand,
     Signal,
     StartRun,
     correlation_id,
+    schedule_id,
 )
 from runstream.topics.spec import Topics
 
@@ -249,6 +251,14 @@ class WorkflowTester:
         corr = correlation_id(name, key)
         self._send(PublishEvent(corr, name, event_id, payload.dumps(value), key, _ms(ttl)))
         return event_id
+
+    def schedule(
+        self, name: str, workflow: str, input: Any = None, *, cron: str, tz: str = "UTC"
+    ) -> None:
+        """Create or replace schedule ``name`` (see `Client.schedule`); its fires come as
+        the fake clock moves."""
+        data = payload.dumps(input)
+        self._send(ScheduleCommand(schedule_id(name), "set", workflow, data, cron, tz))
 
     def cancel(self, run_id: str, *, compensate: bool = False, reason: str = "") -> None:
         """Cancel a run (see `Client.cancel`). Raises RunNotFound."""

@@ -24,6 +24,7 @@ from runstream.cli.kafka_cmd import kafka
 from runstream.cli.replay_cmd import replay_cmd
 from runstream.cli.runs_cmd import runs, versions
 from runstream.cli.runs_ops import cancel_where, resume, retry
+from runstream.cli.schedules_cmd import schedules
 from runstream.cli.topics_cmd import topics
 from runstream.errors import RunstreamError
 from runstream.instance import read_health
@@ -67,6 +68,7 @@ for command in (retry, resume, cancel_where):  # defined beside runs_cmd: they a
 cli.add_command(versions)
 cli.add_command(replay_cmd)
 cli.add_command(dlq)
+cli.add_command(schedules)
 
 
 def load_app(target: str) -> Any:

@@ -52,6 +52,7 @@ from runstream.schemas.records import (
     Reason,
     Retry,
     RunRejected,
+    ScheduleCommand,
     Signal,
     StartRun,
     StepResult,
@@ -177,6 +178,8 @@ class Decider:
                 rules.subscribe(b, st, cmd)
             case DeliverEvent():
                 rules.deliver_event(b, st, cmd)
+            case ScheduleCommand():
+                rules.schedule(b, st, cmd)
             case Query():
                 rules.query(b, st, cmd)
 

@@ -33,6 +33,9 @@ from runstream.schemas.records import (
     RunRejected,
     RunRetried,
     RunStarted,
+    ScheduleChanged,
+    ScheduleFired,
+    ScheduleSet,
     SignalAwaited,
     SignalBuffered,
     SignalReceived,
@@ -65,6 +68,14 @@ def apply(state: RunState, fact: Fact) -> RunState:
             _settle(state, fact)
         case EventPublished() | EventSubscribed() | EventMatched():
             _correlate(state, fact)
+        case ScheduleSet():
+            state.schedule, state.paused, state.next_fire_ms = fact, False, fact.next_fire_ms
+        case ScheduleFired():
+            state.next_fire_ms = fact.next_fire_ms
+        case ScheduleChanged():
+            state.paused, state.next_fire_ms = fact.op == "paused", fact.next_fire_ms
+            if fact.op == "deleted":
+                state.schedule = None
         case ChildStarted(awaited=True):
             state.pending[fact.seq] = fact  # until its ChildEnded
         case ChildStarted() | ChildEnded():

@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
-from runstream.engine import lifecycle, payload
+from runstream.engine import cron, lifecycle, payload
 from runstream.engine.limits import Limits
 from runstream.engine.reducer import apply
 from runstream.engine.replay import (
@@ -70,6 +70,10 @@ from runstream.schemas.records import (
     RunRecovered,
     RunRetried,
     RunStarted,
+    ScheduleChanged,
+    ScheduleCommand,
+    ScheduleFired,
+    ScheduleSet,
     Signal,
     SignalAwaited,
     SignalBuffered,
@@ -87,6 +91,7 @@ from runstream.schemas.records import (
     continuation_of,
     correlation_id,
     run_id_problem,
+    schedule_id,
 )
 
 Activation = Callable[[str], AbstractContextManager[None]]
@@ -283,6 +288,52 @@ class Rules:
         successor = continuation_of(run_id)
         self.emit(b, st, RetriedAsNew(run_id, b.now, successor, reason))
         self._start_successor(b, st, successor, data, tags, parent_seq=None)
+
+    # -- schedules: an entity ~schedule/<name> per schedule ---------------------------------
+    def schedule(self, b: Batch, ent: RunState, cmd: ScheduleCommand) -> None:
+        """Set (create or replace), pause, resume or delete a schedule."""
+        name = ent.run_id.removeprefix(schedule_id(""))
+        now = b.now
+        match cmd.op:
+            case "set":
+                problem = cron.problem(cmd.cron, cmd.tz)
+                if problem:
+                    raise Rejected(Reason.INVALID_INPUT, f"schedule {name!r}: {problem}")
+                data = b"null" if cmd.input is None else cmd.input
+                self._checked(cmd.workflow, None, data)
+                first = cron.next_fire(cmd.cron, cmd.tz, now)
+                fact = ScheduleSet(
+                    ent.run_id, now, name, cmd.workflow, data, cmd.cron, cmd.tz, first
+                )
+                self.emit(b, ent, fact)
+            case "pause" | "resume" | "delete" if ent.schedule is None:
+                raise Rejected(Reason.UNKNOWN_RUN, f"no schedule {name!r}")
+            case "pause" if not ent.paused:
+                self.emit(b, ent, ScheduleChanged(ent.run_id, now, "paused", None))
+            case "resume" if ent.paused:
+                assert ent.schedule is not None
+                nxt = cron.next_fire(ent.schedule.cron, ent.schedule.tz, now)  # skip the missed
+                self.emit(b, ent, ScheduleChanged(ent.run_id, now, "resumed", nxt))
+            case "delete":
+                self.emit(b, ent, ScheduleChanged(ent.run_id, now, "deleted", None))
+            case "pause" | "resume":
+                pass  # already so
+            case _:
+                raise Rejected(Reason.INVALID_INPUT, f"no schedule operation {cmd.op!r}")
+
+    def _fire(self, b: Batch, ent: RunState) -> None:
+        """The schedule's next fire time came: start its workflow once, for the latest fire
+        time due (fires missed while no engine ran are caught up once, not each), with a
+        run id derived from that time, and arm the next."""
+        s, due = ent.schedule, ent.next_fire_ms
+        if s is None or ent.paused or due is None or due > b.now:
+            return
+        fire = max(due, cron.latest_fire(s.cron, s.tz, b.now))
+        run_id = f"{s.name}@{cron.iso(fire)}"
+        nxt = cron.next_fire(s.cron, s.tz, max(fire, b.now))
+        self.emit(b, ent, ScheduleFired(ent.run_id, b.now, fire, run_id, nxt))
+        start = StartRun(run_id, s.workflow, s.input, tags={"schedule": s.name}, sent_at_ms=b.now)
+        b.effects.commands.append(start)
 
     # -- named events: the correlation entity's side, then the waiting run's -------------
     def publish(self, b: Batch, corr: RunState, cmd: PublishEvent) -> None:
@@ -504,8 +555,11 @@ class Rules:
     def timer_due(self, b: Batch, st: RunState, seq: int) -> None:
         """A due time of ``seq`` passed: fire the timer, retry the step, time the wait out,
         or (seq 0) time the run out."""
-        if seq == 0:
-            self._time_out(b, st)
+        if seq == 0:  # the run's own deadline, or a schedule's next fire
+            if st.schedule is not None:
+                self._fire(b, st)
+            else:
+                self._time_out(b, st)
             return
         fact = st.pending.get(seq)
         if fact is None or st.status is Status.PARKED:

@@ -9,6 +9,7 @@ from runstream.schemas.records import (
     CompensationStarted,
     EventAwaited,
     EventPublished,
+    ScheduleSet,
     SeqFact,
     SignalAwaited,
     SignalBuffered,
@@ -53,6 +54,10 @@ class RunState:
     event_ids: list[str] = field(default_factory=list)  # the latest ids seen: dedupe
     subscriptions: list[tuple[str, int]] = field(default_factory=list)  # (run, seq)
     delivered: set[tuple[str, str]] = field(default_factory=set)  # (run, event id)
+    # A schedule entity (~schedule/<name>): its definition, whether paused, its next fire.
+    schedule: ScheduleSet | None = None
+    paused: bool = False
+    next_fire_ms: int | None = None
     recoveries: int = 0
     compensation: CompensationStarted | None = None  # while compensating
     output: bytes | None = None
@@ -96,6 +101,8 @@ class RunState:
         out = set()
         if self.deadline_ms is not None and not self.terminal:
             out.add((self.deadline_ms, 0))
+        if self.next_fire_ms is not None:  # a schedule's next fire
+            out.add((self.next_fire_ms, 0))
         for seq, fact in self.pending.items():
             match fact:
                 case TimerScheduled(due_ms=due):

@@ -114,6 +114,11 @@ def correlation_id(name: str, key: str) -> str:
     return f"{ENTITY_PREFIX}event/{digest}"
 
 
+def schedule_id(name: str) -> str:
+    """The id of the entity that keeps schedule ``name`` (`ScheduleCommand`)."""
+    return f"{ENTITY_PREFIX}schedule/{name}"
+
+
 def continuation_of(run_id: str) -> str:
     """The id of the run that continues ``run_id`` (``order`` -> ``order~1`` -> ``order~2``)."""
     base, n = run_id, 0
@@ -236,6 +241,17 @@ class DeliverEvent(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class ScheduleCommand(Record):
+    run_id: str  # schedule_id(name)
+    op: str  # set, pause, resume, delete
+    workflow: str = ""
+    input: bytes | None = None
+    cron: str = ""
+    tz: str = "UTC"
+    sent_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Query(Record):
     run_id: str
     request_id: str
@@ -253,6 +269,7 @@ Command = (
     | PublishEvent
     | Subscribe
     | DeliverEvent
+    | ScheduleCommand
     | Query
 )
 COMMANDS: tuple[type[Record], ...] = Command.__args__
@@ -459,6 +476,35 @@ class EventMatched(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class ScheduleSet(Record):
+    run_id: str  # schedule_id(name)
+    at_ms: int
+    name: str
+    workflow: str
+    input: bytes
+    cron: str
+    tz: str
+    next_fire_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleFired(Record):
+    run_id: str
+    at_ms: int
+    fire_ms: int
+    run: str
+    next_fire_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleChanged(Record):
+    run_id: str
+    at_ms: int
+    op: str  # paused, resumed, deleted
+    next_fire_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class StepHandedOver(Record):
     run_id: str
     at_ms: int
@@ -560,6 +606,9 @@ Fact = (
     | EventPublished
     | EventSubscribed
     | EventMatched
+    | ScheduleSet
+    | ScheduleFired
+    | ScheduleChanged
     | RunRecovered
     | CompensationStarted
     | RunParked
