@@ -46,6 +46,8 @@ class App:
         timeout: float | str | None = None,
         on_event: str | None = None,
         key: Callable[[Any], Any] | None = None,
+        batch: int | None = None,
+        window: float | str | None = None,
     ) -> Callable[[F], F]: ...
 
     def workflow(
@@ -57,6 +59,8 @@ class App:
         timeout: float | str | None = None,
         on_event: str | None = None,
         key: Callable[[Any], Any] | None = None,
+        batch: int | None = None,
+        window: float | str | None = None,
     ) -> Any:
         """Register an ``async def (ctx, input)`` as a workflow; the name defaults to the
         function's. Register several versions under one name: new runs take the newest,
@@ -64,11 +68,21 @@ class App:
         that long after its start fails with RunTimedOut, compensating like any failure.
         ``on_event``: each event of that name starts a run with the event's payload as its
         input, once per event (run id ``<workflow>:<event id>``), or once per ``key`` of
-        the payload (``key=lambda ev: ev["order"]``: run id ``<workflow>:<key>``)."""
+        the payload (``key=lambda ev: ev["order"]``: run id ``<workflow>:<key>``). With
+        ``batch=`` (a count) and/or ``window=`` (a duration), the events of one name and
+        correlation key are collected and one run gets them as a list, once the batch is
+        full or its window (from its first event) closes."""
 
         def register(f: F) -> F:
             wf = workflow_def(
-                f, name=name, version=version, timeout=timeout, on_event=on_event, key=key
+                f,
+                name=name,
+                version=version,
+                timeout=timeout,
+                on_event=on_event,
+                key=key,
+                batch=batch,
+                window=window,
             )
             self.registry.add_workflow(wf)
             f.__runstream_workflow__ = wf.name  # type: ignore[attr-defined]

@@ -75,7 +75,7 @@ def codec() -> Codec:
 
 
 def test_every_shipped_file_is_a_documented_runstream_record() -> None:
-    assert len(SHIPPED) == 49
+    assert len(SHIPPED) == 51
     for filename, schema in ALL_FILES.items():
         assert filename.startswith(f"runstream.{schema['name']}.")
         assert schema["namespace"] == "runstream"
@@ -119,6 +119,8 @@ FIELDS = {
     "EventPublished": [*_FACT, "name", "event_id", "payload", "key", "expires_at_ms"],
     "EventSubscribed": [*_FACT, "subscriber", "seq"],
     "EventMatched": [*_FACT, "subscriber", "seq", "event_id"],
+    "EventBatched": [*_FACT, "workflow", "event_id", "payload", "due_ms"],
+    "BatchStarted": [*_FACT, "workflow", "run"],
     "ScheduleCommand": ["run_id", "op", "workflow", "input", "cron", "tz", "sent_at_ms"],
     "ScheduleSet": [*_FACT, "name", "workflow", "input", "cron", "tz", "next_fire_ms"],
     "ScheduleFired": [*_FACT, "fire_ms", "run", "next_fire_ms"],

@@ -181,3 +181,46 @@ def test_the_testing_kit_delivers_events_published_by_the_test():
     late = t.start("shipping", "o-2")
     t.publish("shipped", {"carrier": "ups"}, key="o-2")
     assert late.result() == {"carrier": "ups"}
+
+
+async def summarise(ctx, events: list) -> int:
+    return sum(e["n"] for e in events)
+
+
+def _batching_core(**kw) -> Core:
+    reg = Registry()
+    reg.add_workflow(workflow_def(summarise, on_event="click", **kw))
+    return Core(reg)
+
+
+def test_a_batch_trigger_starts_one_run_per_full_batch_of_one_key():
+    core = _batching_core(batch=3)
+    for n in range(7):
+        publish(core, "click", {"n": n}, key="page-1", event_id=f"c{n}")
+    publish(core, "click", {"n": 100}, key="page-2", event_id="other")
+    runs = sorted(r for r in core.states if r.startswith("summarise:"))
+    assert runs == ["summarise:page-1:c0", "summarise:page-1:c3"]  # c6 waits for two more
+    assert payload.loads(core.state("summarise:page-1:c0").output) == 0 + 1 + 2
+    assert payload.loads(core.state("summarise:page-1:c3").output) == 3 + 4 + 5
+
+
+def test_a_window_trigger_starts_the_batch_when_its_window_closes():
+    core = _batching_core(window="5s", batch=100)
+    publish(core, "click", {"n": 1}, key="k", event_id="a")
+    core.advance(2)
+    publish(core, "click", {"n": 2}, key="k", event_id="b")
+    assert not any(r.startswith("summarise:") for r in core.states)
+    core.advance(3)  # five seconds after the first event
+    pump(core)
+    assert payload.loads(core.state("summarise:k:a").output) == 3
+    publish(core, "click", {"n": 5}, key="k", event_id="c")  # a new batch, a new window
+    core.advance(5)
+    pump(core)
+    assert payload.loads(core.state("summarise:k:c").output) == 5
+    corr = correlation_id("click", "k")
+    assert check_run(core.facts(corr)) == [] and fold(corr, core.facts(corr)).batches == {}
+
+
+def test_batch_and_window_need_on_event():
+    with pytest.raises(TypeError, match="need on_event"):
+        workflow_def(summarise, batch=3)

@@ -13,10 +13,12 @@ from dataclasses import replace
 from runstream.engine.state import RunState, Status
 from runstream.schemas.records import (
     END_FACTS,
+    BatchStarted,
     ChildEnded,
     ChildStarted,
     CompensationStarted,
     EventAwaited,
+    EventBatched,
     EventMatched,
     EventPublished,
     EventReceived,
@@ -68,6 +70,10 @@ def apply(state: RunState, fact: Fact) -> RunState:
             _settle(state, fact)
         case EventPublished() | EventSubscribed() | EventMatched():
             _correlate(state, fact)
+        case EventBatched():
+            state.batches.setdefault(fact.workflow, []).append(fact)
+        case BatchStarted():
+            state.batches.pop(fact.workflow, None)
         case ScheduleSet():
             state.schedule, state.paused, state.next_fire_ms = fact, False, fact.next_fire_ms
         case ScheduleFired():

@@ -34,12 +34,13 @@ from runstream.engine.replay import (
     StepCall,
     replay,
 )
-from runstream.engine.state import RunState, Status
+from runstream.engine.state import BATCH_SEQ, RunState, Status
 from runstream.engine.work import Batch, StepJob, StepOutcome, Waiter
 from runstream.engine.workflow import Registry, StepDef, WorkflowDef
 from runstream.errors import TIMED_OUT, InvalidInput, WorkflowNotFound
 from runstream.schemas.records import (
     END_FACTS,
+    BatchStarted,
     Cancel,
     ChildEnded,
     ChildResult,
@@ -48,6 +49,7 @@ from runstream.schemas.records import (
     DeadLetter,
     DeliverEvent,
     EventAwaited,
+    EventBatched,
     EventMatched,
     EventPublished,
     EventReceived,
@@ -353,7 +355,7 @@ class Rules:
         waiting = list(corr.subscriptions)
         for run_id, seq in waiting:
             self._deliver(b, corr, run_id, seq, fact)
-        started = self._trigger(b, cmd)
+        started = self._trigger(b, corr, cmd)
         if not (waiting or started or cmd.ttl_ms > 0):  # for analytics, not dead-lettered
             b.effects.lifecycle.append(
                 LifecycleEvent(
@@ -363,10 +365,15 @@ class Rules:
                 )
             )  # fmt: skip
 
-    def _trigger(self, b: Batch, cmd: PublishEvent) -> int:
-        """Start the workflows ``cmd`` triggers, once per event or per key; how many."""
+    def _trigger(self, b: Batch, corr: RunState, cmd: PublishEvent) -> int:
+        """Start the workflows ``cmd`` triggers, once per event or per key, or add it to
+        their batches; how many want it."""
         started = 0
         for wf in self.registry.triggered_by(cmd.name):
+            if wf.batch is not None or wf.window is not None:
+                self._batch(b, corr, wf, cmd)
+                started += 1
+                continue
             try:
                 key = cmd.event_id if wf.event_key is None else wf.event_key(
                     payload.loads(cmd.payload)
@@ -383,6 +390,36 @@ class Rules:
             b.effects.commands.append(StartRun(run_id, wf.name, cmd.payload, sent_at_ms=b.now))
             started += 1
         return started
+
+    def _batch(self, b: Batch, corr: RunState, wf: WorkflowDef, cmd: PublishEvent) -> None:
+        """Add the event to the workflow's open batch here (starting the batch first if the
+        event would make its input too large); start its run once it is full."""
+        events = corr.batches.get(wf.name, [])
+        size = sum(len(e.payload) + 1 for e in events) + len(cmd.payload) + 2
+        if events and self.limits.too_large("a batch", size):
+            self._start_batch(b, corr, wf.name)
+            events = []
+        due = None
+        if wf.window is not None:
+            due = events[0].due_ms if events else b.now + int(wf.window * 1000)
+        batched = EventBatched(corr.run_id, b.now, wf.name, cmd.event_id, cmd.payload, due)
+        self.emit(b, corr, batched)
+        if wf.batch is not None and len(corr.batches[wf.name]) >= wf.batch:
+            self._start_batch(b, corr, wf.name)
+
+    def close_batches(self, b: Batch, corr: RunState) -> None:
+        """The window of some batches here closed: start their runs."""
+        for workflow, events in list(corr.batches.items()):
+            if events and events[0].due_ms is not None and events[0].due_ms <= b.now:
+                self._start_batch(b, corr, workflow)
+
+    def _start_batch(self, b: Batch, corr: RunState, workflow: str) -> None:
+        events = corr.batches[workflow]
+        key = corr.run_id.rsplit("/", 1)[-1]
+        run_id = f"{workflow}:{key}:{events[0].event_id}"
+        data = b"[" + b",".join(e.payload for e in events) + b"]"
+        self.emit(b, corr, BatchStarted(corr.run_id, b.now, workflow, run_id))
+        b.effects.commands.append(StartRun(run_id, workflow, data, sent_at_ms=b.now))
 
     def subscribe(self, b: Batch, corr: RunState, cmd: Subscribe) -> None:
         """A run waits for the next event here (or no longer does): give it the oldest
@@ -555,6 +592,9 @@ class Rules:
     def timer_due(self, b: Batch, st: RunState, seq: int) -> None:
         """A due time of ``seq`` passed: fire the timer, retry the step, time the wait out,
         or (seq 0) time the run out."""
+        if seq == BATCH_SEQ and st.batches:  # an event entity's batch window
+            self.close_batches(b, st)
+            return
         if seq == 0:  # the run's own deadline, or a schedule's next fire
             if st.schedule is not None:
                 self._fire(b, st)

@@ -8,6 +8,7 @@ from runstream.schemas.records import (
     TERMINAL,
     CompensationStarted,
     EventAwaited,
+    EventBatched,
     EventPublished,
     ScheduleSet,
     SeqFact,
@@ -20,7 +21,11 @@ from runstream.schemas.records import (
 )
 from runstream.schemas.records import Status as Status
 
-__all__ = ["RunState", "Status"]
+__all__ = ["BATCH_SEQ", "RunState", "Status"]
+
+#: The timer "sequence number" of an event entity's batch windows: below any step's
+#: (compensations take -1, -2, ...), and still a 4-byte key in the projection.
+BATCH_SEQ = -(1 << 31) + 1
 
 
 @dataclass(slots=True)
@@ -54,6 +59,7 @@ class RunState:
     event_ids: list[str] = field(default_factory=list)  # the latest ids seen: dedupe
     subscriptions: list[tuple[str, int]] = field(default_factory=list)  # (run, seq)
     delivered: set[tuple[str, str]] = field(default_factory=set)  # (run, event id)
+    batches: dict[str, list[EventBatched]] = field(default_factory=dict)  # by workflow
     # A schedule entity (~schedule/<name>): its definition, whether paused, its next fire.
     schedule: ScheduleSet | None = None
     paused: bool = False
@@ -93,6 +99,7 @@ class RunState:
             event_ids=list(self.event_ids),
             subscriptions=list(self.subscriptions),
             delivered=set(self.delivered),
+            batches={wf: list(events) for wf, events in self.batches.items()},
         )
 
     def timers(self) -> set[tuple[int, int]]:
@@ -103,6 +110,9 @@ class RunState:
             out.add((self.deadline_ms, 0))
         if self.next_fire_ms is not None:  # a schedule's next fire
             out.add((self.next_fire_ms, 0))
+        windows = [b[0].due_ms for b in self.batches.values() if b and b[0].due_ms is not None]
+        if windows:  # the first batch window to close (seq -1: an event entity's batches)
+            out.add((min(windows), BATCH_SEQ))
         for seq, fact in self.pending.items():
             match fact:
                 case TimerScheduled(due_ms=due):

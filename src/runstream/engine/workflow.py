@@ -89,6 +89,8 @@ class WorkflowDef:
     timeout: float | None = None  # execution timeout in seconds (None: none)
     on_event: str | None = None  # started by each event of this name
     event_key: Callable[[Any], Any] | None = None  # one run per key of the event payload
+    batch: int | None = None  # start one run per this many events (of one name and key)
+    window: float | None = None  # ... or once this long after the first, in seconds
 
     def parse_input(self, value: Any) -> Any:
         """The input as the workflow declared it. Raises InvalidInput."""
@@ -117,6 +119,8 @@ def workflow_def(
     timeout: float | str | None = None,
     on_event: str | None = None,
     key: Callable[[Any], Any] | None = None,
+    batch: int | None = None,
+    window: float | str | None = None,
 ) -> WorkflowDef:
     """Declare ``fn`` as a workflow (`App.workflow` does this for users).
 
@@ -126,6 +130,10 @@ def workflow_def(
     """
     if not inspect.iscoroutinefunction(inspect.unwrap(fn)):
         raise TypeError(f"workflow {fn.__qualname__} must be an async def")
+    if (batch is not None or window is not None) and on_event is None:
+        raise TypeError(f"workflow {fn.__qualname__}: batch= and window= need on_event=")
+    if batch is not None and batch < 1:
+        raise ValueError(f"workflow {fn.__qualname__}: batch must be 1 or more, not {batch}")
     params = list(inspect.signature(fn).parameters.values())
     kinds = inspect.Parameter
     if params and params[0].kind is kinds.VAR_POSITIONAL:
@@ -152,6 +160,8 @@ def workflow_def(
         timeout=None if timeout is None else seconds(timeout),
         on_event=on_event,
         event_key=key,
+        batch=batch,
+        window=None if window is None else seconds(window),
     )
 
 

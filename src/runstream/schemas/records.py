@@ -476,6 +476,24 @@ class EventMatched(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class EventBatched(Record):
+    run_id: str  # the correlation id
+    at_ms: int
+    workflow: str
+    event_id: str
+    payload: bytes
+    due_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStarted(Record):
+    run_id: str  # the correlation id
+    at_ms: int
+    workflow: str
+    run: str
+
+
+@dataclass(frozen=True, slots=True)
 class ScheduleSet(Record):
     run_id: str  # schedule_id(name)
     at_ms: int
@@ -606,6 +624,8 @@ Fact = (
     | EventPublished
     | EventSubscribed
     | EventMatched
+    | EventBatched
+    | BatchStarted
     | ScheduleSet
     | ScheduleFired
     | ScheduleChanged
