@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 
 import runstream
+from runstream.audit.reader import audit
 from runstream.topics.admin import ensure_topics
 
 from .flows import make_app
@@ -47,3 +48,5 @@ def test_1000_events_reach_100_waiting_runs_each_its_own_10_in_order(kafka_boots
     lifecycle = read_topic(kafka_bootstrap, f"{ns}.lifecycle", timeout=60)
     unmatched = [r for name, r, _ in lifecycle if r.get("type") == "event.unmatched"]
     assert len(unmatched) == 5 * EACH
+    report = audit(kafka_bootstrap, ns, expect_finished=True)  # each match delivered once
+    assert report.violations == [], report.violations

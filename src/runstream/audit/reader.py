@@ -5,13 +5,15 @@ moving show as suspended (or as violations with ``expect_finished``). Also check
 only the log can tell: every record is keyed by its run id and lies on the partition
 that id hashes to (Kafka's murmur2), so commands and journal stay co-partitioned; and,
 with ``expect_finished``, that every child run a parent started did start, once, as that
-parent's child (a second start would be a second RunStarted in the child's journal).
+parent's child (a second start would be a second RunStarted in the child's journal);
+and that every named event a run received was matched to that wait by its entity, and
+each wait matched once.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +26,8 @@ from runstream.schemas.records import (
     FACTS,
     ChildStarted,
     DeadLetter,
+    EventMatched,
+    EventReceived,
     Reason,
     RunRecovered,
     RunStarted,
@@ -120,6 +124,8 @@ def audit(
     misplaced: list[Violation] = []
     children: list[tuple[str, str, int]] = []  # (parent, child, ChildStarted offset)
     parents: dict[str, str] = {}  # child run -> the parent its RunStarted names
+    matched: defaultdict[tuple[str, int], list[tuple[str, int, int]]] = defaultdict(list)
+    received: list[tuple[str, int, str, int, int]] = []  # (run, seq, event, p, offset)
     n_parts: int | None = None
     for batch in read(topics.journal):
         for rec in batch:
@@ -162,6 +168,10 @@ def audit(
                 children.append((run_id, fact.child_run_id, offset))
             elif isinstance(fact, RunStarted) and fact.parent_run_id:
                 parents[run_id] = fact.parent_run_id
+            elif isinstance(fact, EventMatched) and fact.event_id:
+                matched[fact.subscriber, fact.seq].append((fact.event_id, p, offset))
+            elif isinstance(fact, EventReceived):
+                received.append((run_id, fact.seq, fact.event_id, p, offset))
 
     statuses: Counter[str] = Counter()
     for run_id, check in runs.items():
@@ -185,6 +195,15 @@ def audit(
                 )
             )
     report.violations += misplaced
+    for (run_id, seq), matches in matched.items():  # each wait gets one event at most
+        if len(matches) > 1:
+            why = f"its wait at seq {seq} was matched {len(matches)} times"
+            at = tuple(o for _, _, o in matches)
+            report.violations.append(Violation(run_id, matches[0][1], at, why))
+    for run_id, seq, event_id, p, offset in received:  # and only the one matched to it
+        if event_id not in {e for e, _, _ in matched.get((run_id, seq), [])}:
+            why = f"received event {event_id!r} at seq {seq}, which no entity matched to it"
+            report.violations.append(Violation(run_id, p, (offset,), why))
     if expect_finished:  # every child a parent started did start, as its child, once
         for parent, child, offset in children:
             if parents.get(child) != parent:
