@@ -8,8 +8,9 @@ import pytest
 
 import runstream
 from runstream.audit.reader import audit
+from runstream.engine.partitioner import partition_for
 
-from .kit import kill, read_topic, spawn_worker, terminate, wait_for
+from .kit import PARTITIONS, kill, owns, read_topic, spawn_worker, terminate, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -23,7 +24,7 @@ def _client(ns, bootstrap):
         return None
 
 
-def test_a_parent_and_its_100_children_survive_a_sigkill_of_one_instance(
+def test_a_parent_sigkilled_while_its_100_children_run_completes_with_each_child_once(
     kafka_bootstrap, ns, tmp_path
 ):
     log, state = tmp_path / "steps.log", tmp_path / "state"
@@ -38,8 +39,16 @@ def test_a_parent_and_its_100_children_survive_a_sigkill_of_one_instance(
             timeout=120,
             what="a third of the children",
         )
-        kill(w1)  # the parent's instance or its children's: both own some partitions
+        # SIGKILL the parent's instance, mid-flight; its children are on both instances
+        parent_partition = partition_for(b"p", PARTITIONS)
+        owner = wait_for(
+            lambda: next((n for n in ("w1", "w2") if parent_partition in owns(state, ns, n)), None),
+            what="the parent's owner",
+        )
+        victim, survivor = (w1, w2) if owner == "w1" else (w2, w1)
+        kill(victim)
         executions = client.result("p", timeout=180)
+        assert survivor.poll() is None
     finally:
         for w in (w1, w2):
             if w.poll() is None:
