@@ -24,6 +24,12 @@ def fires(bootstrap: str, ns: str) -> list[dict]:
     return [r for name, r, _ in journal if name == "ScheduleFired"]
 
 
+def schedules_json(common: list[str]) -> str:
+    out = CliRunner().invoke(cli, ["schedules", "list", *common, "--json"])
+    assert out.exit_code == 0, out.output
+    return out.output
+
+
 def test_a_schedule_down_across_two_fire_times_catches_up_once_then_runs_on_time(
     kafka_bootstrap, ns, tmp_path
 ):
@@ -50,6 +56,16 @@ def test_a_schedule_down_across_two_fire_times_catches_up_once_then_runs_on_time
             done = fires(kafka_bootstrap, ns)
             for f in done:
                 assert client.result(f["run"], timeout=60) == 4
+
+            # Paused from the CLI, it fires no more; deleted, it is gone from the list.
+            common = ["-n", ns, "--bootstrap", kafka_bootstrap]
+            assert CliRunner().invoke(cli, ["schedules", "pause", "beat", *common]).exit_code == 0
+            wait_for(lambda: '"status": "paused"' in schedules_json(common), what="paused")
+            paused = len(fires(kafka_bootstrap, ns))
+            time.sleep(2 * EVERY)
+            assert len(fires(kafka_bootstrap, ns)) == paused
+            assert CliRunner().invoke(cli, ["schedules", "delete", "beat", *common]).exit_code == 0
+            wait_for(lambda: schedules_json(common).strip() == "[]", what="deleted")
         finally:
             worker.stop()
     fire_times = sorted(f["fire_ms"] for f in done)
