@@ -177,9 +177,7 @@ class Client:
         signal: tuple[str, bytes, str] | None = None,
     ) -> str:
         sig_name, sig_payload, sig_id = signal or (None, None, "")
-        name = getattr(workflow, "__runstream_workflow__", workflow)
-        if not isinstance(name, str):
-            raise TypeError(f"{workflow!r} is not a registered workflow or a workflow name")
+        name = _workflow_name(workflow)
         run_id = run_id or uuid.uuid4().hex
         problem = run_id_problem(run_id, new=True)
         if problem:
@@ -272,10 +270,7 @@ class Client:
         ``tz``) start ``workflow`` with ``input``, as run ``<name>@<fire time>``. A fire
         missed while no engine ran is caught up once, never twice. A bad cron expression
         or time zone, or an unknown workflow, is dead-lettered with the reason."""
-        wf = getattr(workflow, "__runstream_workflow__", workflow)
-        if not isinstance(wf, str):
-            raise TypeError(f"{workflow!r} is not a registered workflow or a workflow name")
-        data = payload.dumps(input)
+        wf, data = _workflow_name(workflow), payload.dumps(input)
         self._send(ScheduleCommand(schedule_id(name), "set", wf, data, cron, tz, _now_ms()))
 
     def pause_schedule(self, name: str) -> None:
@@ -459,6 +454,14 @@ def _run_info(info: RunInfoRecord) -> RunInfo:
         parent_run_id=info.parent_run_id,
         children=list(info.children),
     )
+
+
+def _workflow_name(workflow: str | Callable[..., Any]) -> str:
+    """A workflow's registered name, given the name or the decorated function."""
+    name = getattr(workflow, "__runstream_workflow__", workflow)
+    if not isinstance(name, str):
+        raise TypeError(f"{workflow!r} is not a registered workflow or a workflow name")
+    return name
 
 
 def _now_ms() -> int:

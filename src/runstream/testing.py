@@ -217,9 +217,7 @@ class WorkflowTester:
     ) -> Run:
         """Start a run (by workflow name or function) and run it until it ends or waits.
         A start the engine refuses gives a run whose status is ``rejected``."""
-        name = getattr(workflow, "__runstream_workflow__", workflow)
-        if not isinstance(name, str):
-            raise TypeError(f"{workflow!r} is not a workflow registered on {self.app!r}")
+        name = self.app.registry.workflow_name(workflow)
         if run_id is None:
             self._run_ids += 1
             run_id = f"{name}-{self._run_ids}"

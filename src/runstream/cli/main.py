@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.tree import Tree
 
 from runstream.cli import options
 from runstream.cli.audit_cmd import audit
@@ -247,9 +249,6 @@ def get_run(run_id: str, namespace: str, bootstrap: str | None, tree: bool) -> N
         if not tree:
             click.echo(client.get_run(run_id).model_dump_json(indent=2))
             return
-        from rich.console import Console
-        from rich.tree import Tree
-
         def grow(node: Tree, child_id: str, depth: int) -> None:
             info = client.get_run(child_id)
             branch = node.add(f"{info.run_id}  {info.workflow}  [bold]{info.status}[/bold]")

@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import click
 from rich.console import Console
@@ -56,7 +56,7 @@ def retry(
     """Let failed or dead runs go on from their last completed step: the steps after it
     that failed run again (a completed step never does). Parked runs are tried again.
     With --input, the run is retried as a new run, RUN~N, linked to it both ways."""
-    new_input: Any = None
+    why = reason or "runstream runs retry"
     if input_file is not None:
         if len(run_ids) != 1:
             raise click.UsageError("--input retries one run at a time")
@@ -64,15 +64,13 @@ def retry(
             new_input = json.load(input_file)
         except ValueError as exc:
             raise click.BadParameter(f"not JSON: {exc}", param_hint="--input") from None
+        with Client(namespace, bootstrap) as client:
+            new = client.retry(run_ids[0], input=new_input, reason=why)
+        click.echo(f"retry of {run_ids[0]} as new run {new} sent")
+        return
     with Client(namespace, bootstrap) as client:
         for run_id in run_ids:
-            why = reason or "runstream runs retry"
-            if input_file is None:
-                client.retry(run_id, reason=why)
-            else:
-                new = client.retry(run_id, input=new_input, reason=why)
-                click.echo(f"retry of {run_id} as new run {new} sent")
-                return
+            client.retry(run_id, reason=why)
     click.echo(f"retry sent for {len(run_ids)} run(s); follow with `runstream runs show`")
 
 

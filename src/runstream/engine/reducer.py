@@ -62,34 +62,12 @@ def apply(state: RunState, fact: Fact) -> RunState:
     if state.status is Status.PARKED and not isinstance(fact, RunParked | SignalBuffered):
         state.status, state.reason = Status.RUNNING, None  # the run made progress again
     match fact:
-        case StepStarted() | StepHandedOver() | TimerScheduled() | SignalAwaited():
+        case StepStarted() | StepHandedOver() | TimerScheduled() | SignalAwaited() | EventAwaited():
             state.pending[fact.seq] = fact
-        case EventAwaited():
-            state.pending[fact.seq] = fact
-        case EventReceived() | EventTimedOut():
-            _settle(state, fact)
-        case EventPublished() | EventSubscribed() | EventMatched():
-            _correlate(state, fact)
-        case EventBatched():
-            state.batches.setdefault(fact.workflow, []).append(fact)
-        case BatchStarted():
-            state.batches.pop(fact.workflow, None)
-        case ScheduleSet():
-            state.schedule, state.paused, state.next_fire_ms = fact, False, fact.next_fire_ms
-        case ScheduleFired():
-            state.next_fire_ms = fact.next_fire_ms
-        case ScheduleChanged():
-            state.paused, state.next_fire_ms = fact.op == "paused", fact.next_fire_ms
-            if fact.op == "deleted":
-                state.schedule = None
-        case ChildStarted(awaited=True):
-            state.pending[fact.seq] = fact  # until its ChildEnded
-        case ChildStarted() | ChildEnded():
-            _settle(state, fact)
         case StepCompleted():
             _settle(state, fact)
             state.steps += 1
-        case TimerFired() | SignalTimedOut() | ValueRecorded():
+        case TimerFired() | SignalTimedOut() | ValueRecorded() | EventReceived() | EventTimedOut():
             _settle(state, fact)
         case SignalReceived():
             _settle(state, fact)
@@ -126,10 +104,29 @@ def apply(state: RunState, fact: Fact) -> RunState:
                 state.error = fact.error
             else:
                 state.reason = fact.reason
+        # the rarer facts: children, retries, and the event and schedule entities
+        case ChildStarted(awaited=True):
+            state.pending[fact.seq] = fact  # until its ChildEnded
+        case ChildStarted() | ChildEnded():
+            _settle(state, fact)
         case RunRetried():
             _reopen(state, fact)
         case RetriedAsNew():
             state.retried_as = fact.new_run_id
+        case EventPublished() | EventSubscribed() | EventMatched():
+            _correlate(state, fact)
+        case EventBatched():
+            state.batches.setdefault(fact.workflow, []).append(fact)
+        case BatchStarted():
+            state.batches.pop(fact.workflow, None)
+        case ScheduleSet():
+            state.schedule, state.paused, state.next_fire_ms = fact, False, fact.next_fire_ms
+        case ScheduleFired():
+            state.next_fire_ms = fact.next_fire_ms
+        case ScheduleChanged():
+            state.paused, state.next_fire_ms = fact.op == "paused", fact.next_fire_ms
+            if fact.op == "deleted":
+                state.schedule = None
         case _:
             raise UnknownFactError(type(fact).__name__)
     return state

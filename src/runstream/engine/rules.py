@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import replace
 from typing import Any
 
 from runstream.engine import cron, lifecycle, payload
@@ -345,10 +344,7 @@ class Rules:
         if cmd.event_id in corr.event_ids:
             return
         now = b.now
-        too_large = self.limits.too_large(f"the payload of event {cmd.name!r}", len(cmd.payload))
-        if too_large:
-            raise Rejected(Reason.OVERSIZE, too_large)
-        fact = EventPublished(
+        fact = EventPublished(  # its size was checked with the command's (Decider.handle)
             corr.run_id, now, cmd.name, cmd.event_id, cmd.payload, cmd.key, now + cmd.ttl_ms
         )
         self.emit(b, corr, fact)
@@ -823,9 +819,16 @@ class Rules:
             call.parent_close,
         )  # fmt: skip
         self.emit(b, st, started)
-        awaited = call.seq if call.awaited else None
-        start = StartRun(call.child_run_id, call.workflow, call.input, None, run_id, {}, now)
-        b.effects.commands.append(replace(start, parent_seq=awaited))
+        b.effects.commands.append(
+            StartRun(
+                call.child_run_id,
+                call.workflow,
+                call.input,
+                parent_run_id=run_id,
+                sent_at_ms=now,
+                parent_seq=call.seq if call.awaited else None,
+            )
+        )
         return not call.awaited
 
     def _run_step(
@@ -864,9 +867,18 @@ class Rules:
         """Start the run that carries on from ``st`` (continue-as-new, retry as new), in
         the transaction that records why: the newest version of the same workflow. A
         continued child reports to its parent in its place (``parent_seq``)."""
-        parent, now = st.parent_run_id, b.now
-        start = StartRun(successor, st.workflow, data, None, parent, tags, now, st.run_id)
-        b.effects.commands.append(replace(start, parent_seq=parent_seq))
+        b.effects.commands.append(
+            StartRun(
+                successor,
+                st.workflow,
+                data,
+                parent_run_id=st.parent_run_id,
+                tags=tags,
+                sent_at_ms=b.now,
+                continued_from=st.run_id,
+                parent_seq=parent_seq,
+            )
+        )
 
     def _relaunch_forward(self, b: Batch, st: RunState, relaunch: frozenset[int]) -> None:
         """A forward step recovered while the run compensates (a cancel came between its
@@ -928,13 +940,14 @@ class Rules:
 
     @staticmethod
     def emit(b: Batch, st: RunState, fact: Fact) -> None:
-        children = Rules._children(st) if type(fact) in END_FACTS else []
+        ending = type(fact) in END_FACTS
+        children = Rules._children(st) if ending else []  # before the end clears pending
         apply(st, fact)
         b.effects.facts.append(fact)
         ev = lifecycle.event(fact, st)
         if ev is not None:
             b.effects.lifecycle.append(ev)
-        if type(fact) in END_FACTS:
+        if ending:
             Rules._ended(b, st, fact, children)
 
     @staticmethod

@@ -34,11 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch
+from rocksdict import AccessType, Options, Rdict, WriteBatch
 
 from runstream.engine import payload
 from runstream.engine.work import LogRecord
 from runstream.errors import DecodeError
+from runstream.projections.store import key_range
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import TERMINAL, Kind, LifecycleEvent, Status, run_id_problem
 
@@ -402,13 +403,8 @@ class RunsModel:
             gc.collect()  # rocksdict keeps the LOCK while any handle object is alive
 
     def _range(self, lo: bytes, hi: bytes, values: bool = False) -> Iterator[Any]:
-        # A generator, so `ro` outlives the iteration: RocksDB keeps a pointer to the bound.
-        ro = ReadOptions()
-        ro.set_iterate_upper_bound(hi)
-        if values:
-            yield from self.db.items(from_key=lo, read_opt=ro)
-        else:
-            yield from self.db.keys(from_key=lo, read_opt=ro)
+        """Keys from ``lo`` up to ``hi``, or (``values``) their (key, value) items."""
+        return key_range(self.db, lo, hi, "items" if values else "keys")
 
 
 def _index_keys(row: RunRow) -> set[bytes]:

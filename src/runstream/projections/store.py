@@ -21,6 +21,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch
 
@@ -181,13 +182,16 @@ class PartitionStore:
             self._cache.popitem(last=False)
 
     def _range(self, lo: bytes, hi: bytes, values: bool = False) -> Iterator[bytes]:
-        # A generator, so `ro` outlives the iteration: RocksDB keeps a pointer to the bound.
-        ro = ReadOptions()
-        ro.set_iterate_upper_bound(hi)
-        if values:
-            yield from self.db.values(from_key=lo, read_opt=ro)
-        else:
-            yield from self.db.keys(from_key=lo, read_opt=ro)
+        return key_range(self.db, lo, hi, "values" if values else "keys")
+
+
+def key_range(db: Rdict, lo: bytes, hi: bytes, what: str = "keys") -> Iterator[Any]:
+    """The ``keys``, ``values`` or ``items`` of ``db`` from ``lo`` up to ``hi``, in key
+    order. A generator, so ``ro`` outlives the iteration: RocksDB keeps a pointer to the
+    bound."""
+    ro = ReadOptions()
+    ro.set_iterate_upper_bound(hi)
+    yield from getattr(db, what)(from_key=lo, read_opt=ro)
 
 
 def catch_up(stores: dict[int, PartitionStore], journal: Iterable[LogRecord]) -> int:
