@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from runstream.engine.workflow import Registry, StepPolicy, step_def, workflow_def
+from runstream.engine.workflow import Registry, StepPolicy, seconds, step_def, workflow_def
 
 if TYPE_CHECKING:
     from runstream.client import Client
+    from runstream.taskworker import TaskWorker
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -100,8 +101,10 @@ class App:
         backoff: float = 1.0,
         max_backoff: float = 300.0,
         non_retryable: tuple[type[BaseException], ...] = (),
-        timeout: float | None = None,
+        timeout: float | str | None = None,
         name: str | None = None,
+        group: str | None = None,
+        heartbeat: float | str | None = None,
     ) -> Callable[[F], F]: ...
 
     def step(
@@ -112,21 +115,49 @@ class App:
         backoff: float = 1.0,
         max_backoff: float = 300.0,
         non_retryable: tuple[type[BaseException], ...] = (),
-        timeout: float | None = None,
+        timeout: float | str | None = None,
         name: str | None = None,
+        group: str | None = None,
+        heartbeat: float | str | None = None,
     ) -> Any:
         """Declare a step's retry policy: ``retries`` more attempts with exponential
         ``backoff`` seconds; ``non_retryable`` exception types fail the run's step at once;
-        ``timeout`` (seconds) fails an attempt that runs longer (then retried like any
-        failure; see `engine.steps` for what happens to a sync step's thread).
-        Undecorated functions are steps too, with the defaults."""
-        policy = StepPolicy(retries, backoff, max_backoff, tuple(non_retryable), timeout)
+        ``timeout`` (seconds or ``"30s"``) fails an attempt that runs longer (then retried
+        like any failure; see `engine.steps` for what happens to a sync step's thread).
+        Undecorated functions are steps too, with the defaults.
+
+        ``group``: a remote step, run by the task workers serving that group
+        (``runstream tasks serve MODULE:APP --group G``) instead of by the engine. Its
+        ``timeout`` is then kept by the engine, and ``heartbeat`` (seconds) fails an
+        attempt that sent no heartbeat (`StepContext.heartbeat`) for that long."""
+        if heartbeat is not None and group is None:
+            raise TypeError("heartbeat= is for remote steps: give the step a group= too")
+        if group is not None:
+            from runstream.topics.spec import Topics
+
+            Topics("x").tasks(group)  # a valid topic name suffix, checked now
+        policy = StepPolicy(
+            retries,
+            backoff,
+            max_backoff,
+            tuple(non_retryable),
+            None if timeout is None else seconds(timeout),
+            group,
+            None if heartbeat is None else seconds(heartbeat),
+        )
 
         def register(f: F) -> F:
             self.registry.add_step(step_def(f, policy, name))
             return f
 
         return register(fn) if fn is not None else register
+
+    def task_worker(self, group: str, *, concurrency: int = 16) -> TaskWorker:
+        """A task worker serving the remote steps of ``group`` (`TaskWorker.run` blocks
+        until SIGTERM or SIGINT); ``runstream tasks serve`` runs one from the shell."""
+        from runstream.taskworker import TaskWorker
+
+        return TaskWorker(self, group, concurrency=concurrency)
 
     def client(self) -> Client:
         """A `Client` for this namespace (on this App's Kafka)."""

@@ -31,6 +31,7 @@ class _Owned:
     store: PartitionStore
     position: int  # next command offset; committed by every transaction that writes p
     fresh_from: int  # commands from here on no former owner can have seen
+    since_ms: int  # when this instance took it over
 
 
 class Partitions:
@@ -73,7 +74,7 @@ class Partitions:
                 store.close()
             return {}
         for p, store in stores.items():
-            self._owned[p] = _Owned(store, positions[p], ends[p])
+            self._owned[p] = _Owned(store, positions[p], ends[p], int(time.time() * 1000))
         engine_log.resume(partitions)
         log.info(
             "partitions %s restored: %d facts in %.2fs",
@@ -107,6 +108,11 @@ class Partitions:
         """The runs of ``p`` with a step started and not ended."""
         return list(self._owned[p].store.running())
 
+    def since(self, p: int) -> int:
+        """When this instance took ``p`` over (ms since the epoch)."""
+        owned = self._owned.get(p)
+        return owned.since_ms if owned is not None else 0
+
     def position(self, p: int) -> int:
         return self._owned[p].position
 
@@ -122,11 +128,13 @@ class Partitions:
         for p, (_, last) in b.consumed.items():
             self._owned[p].position = last + 1
         by_partition: dict[int, list[tuple[RunState, RunState, list[bytes]]]] = {}
-        for run_id, data in written.encoded.items():
-            w = b.runs[run_id]
-            by_partition.setdefault(w.partition, []).append((w.before, w.after, data))
+        for run_id, w in b.runs.items():
+            data = written.encoded.get(run_id)
+            if data is not None or w.after.beats != w.before.beats:  # heartbeats: no facts
+                by_partition.setdefault(w.partition, []).append((w.before, w.after, data or []))
         changes: list[Change] = []
         for p, runs in by_partition.items():
-            self._owned[p].store.commit(runs, written.ends[p])
+            store = self._owned[p].store
+            store.commit(runs, written.ends.get(p, store.journal_offset))
             changes += [(p, before, after) for before, after, _ in runs]
         return changes

@@ -114,7 +114,12 @@ class Worker:
         """The log, started; None when stopped first (Kafka may be away for a while)."""
         self._set_status("connecting")
         self._log = self._log or open_engine_log(
-            self.settings, self.topics, self.instance_id, self._watchdog, self._stopping.is_set
+            self.settings,
+            self.topics,
+            self.instance_id,
+            self._watchdog,
+            self._stopping.is_set,
+            self.app.registry.groups(),
         )
         if self._log is None or not self._log.start(self, self._stopping.is_set):
             return None
@@ -229,7 +234,7 @@ class Worker:
         if not items:
             return None
         assert self._decider is not None
-        b, decider = Batch(self._owned.load, now, self._parked), self._decider
+        b, decider = Batch(self._owned.load, now, self._parked, self._owned.since), self._decider
         careful: set[str] = set()  # runs touched by work a former process may have seen
         started: dict[Attempt, StepJob] = {}  # by the chain, ahead of the commit
         decided: list[StepOutcome] = []  # by the chain

@@ -40,6 +40,7 @@ from runstream.schemas.records import (
     Signal,
     StartRun,
     StepResult,
+    StepTask,
 )
 
 JOURNAL = "t.journal"
@@ -65,6 +66,8 @@ class Core:
         self.dead: list[DeadLetter] = []
         self.replies: list[tuple[str, RunInfo]] = []
         self.queued: list[StepJob] = []
+        self.tasks: list[StepTask] = []  # remote attempts sent to their task topics
+        self.since = 0  # when "this instance" took the partition over
         self.auto_run_steps = True
         self.offset = 0
         self.parked: dict[str, str] = {}
@@ -74,7 +77,9 @@ class Core:
 
     def handle(self, work: Work) -> Batch:
         """Decide ``work`` and commit the batch, as the shell would."""
-        b = Batch(lambda _p, run_id: self.state(run_id), self.now, self.parked)
+        b = Batch(
+            lambda _p, run_id: self.state(run_id), self.now, self.parked, lambda _p: self.since
+        )
         self.decider.handle(b, work)
         for run_id, w in b.runs.items():
             self.states[run_id] = w.after
@@ -85,6 +90,7 @@ class Core:
         self.dead += fx.dead_letters
         self.replies += fx.replies
         self.queued += fx.steps
+        self.tasks += fx.tasks
         while self.auto_run_steps and self.queued:
             self.run_step(self.queued.pop(0))
         return b
@@ -115,6 +121,16 @@ class Core:
 
     def step_result(self, run_id: str, seq: int, attempt: int, attempt_id: str = "") -> Batch:
         return self.command(StepResult(run_id, seq, attempt, True, b"1", attempt_id=attempt_id))
+
+    def answer(
+        self, task: StepTask, value: Any = None, *, error: str | None = None, retryable: bool = True
+    ) -> Batch:
+        """A task worker's result for ``task``: ``value``, or failed with ``error``."""
+        ok, output = error is None, payload.dumps(value) if error is None else b"null"
+        result = StepResult(
+            task.run_id, task.seq, task.attempt, ok, output, error, None, task.attempt_id, retryable
+        )
+        return self.command(result)
 
     def run_step(self, job: StepJob) -> None:
         self.handle(execute(job))

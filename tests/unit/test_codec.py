@@ -75,7 +75,7 @@ def codec() -> Codec:
 
 
 def test_every_shipped_file_is_a_documented_runstream_record() -> None:
-    assert len(SHIPPED) == 51
+    assert len(SHIPPED) == 52
     for filename, schema in ALL_FILES.items():
         assert filename.startswith(f"runstream.{schema['name']}.")
         assert schema["namespace"] == "runstream"
@@ -135,7 +135,20 @@ FIELDS = {
         "sent_at_ms",
     ],
     "Retry": ["run_id", "reason", "input", "sent_at_ms"],
-    "StepResult": ["run_id", "seq", "attempt", "ok", "output", "error", "traceback", "attempt_id"],
+    "StepResult": [
+        "run_id",
+        "seq",
+        "attempt",
+        "ok",
+        "output",
+        "error",
+        "traceback",
+        "attempt_id",
+        "retryable",
+        "duration_ms",
+        "worker",
+    ],
+    "Heartbeat": ["run_id", "seq", "attempt_id", "details", "sent_at_ms"],
     "Query": ["run_id", "request_id", "reply_to", "wait"],
     "RunStarted": [
         *_FACT,
@@ -152,7 +165,17 @@ FIELDS = {
     "ChildStarted": [*_FACT, "seq", "name", "child_run_id", "awaited", "parent_close"],
     "ChildEnded": [*_FACT, "seq", "name", "child_run_id", "status", "output", "error"],
     "RunRejected": [*_FACT, "workflow", "code", "reason"],
-    "StepStarted": [*_FACT, "seq", "name", "attempt", "attempt_id", "isolated"],
+    "StepStarted": [
+        *_FACT,
+        "seq",
+        "name",
+        "attempt",
+        "attempt_id",
+        "isolated",
+        "group",
+        "deadline_ms",
+        "heartbeat_ms",
+    ],
     "StepCompleted": [*_FACT, "seq", "name", "output", "attempt", "duration_ms"],
     "StepFailed": [*_FACT, "seq", "name", "attempt", "error", "traceback", "retry_at_ms"],
     "TimerScheduled": [*_FACT, "seq", "due_ms"],
@@ -191,7 +214,18 @@ FIELDS = {
         "tags",
         "input",
     ],
-    "StepTask": ["run_id", "seq", "attempt", "name", "args", "deadline_ms"],
+    "StepTask": [
+        "run_id",
+        "seq",
+        "attempt",
+        "name",
+        "args",
+        "deadline_ms",
+        "attempt_id",
+        "group",
+        "heartbeat_ms",
+        "sent_at_ms",
+    ],
     "DeadLetter": [
         "reason",
         "source_topic",

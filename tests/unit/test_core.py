@@ -571,7 +571,12 @@ def test_a_step_result_from_any_producer_does_not_settle_a_local_step():
     core.start("r", "wf")
     core.step_result("r", 1, 1)  # forged: the step is local, nobody dispatched it
     core.step_result("r", 1, 1, attempt_id="guess")
-    assert [d.code for d in core.dead] == ["unexpected-step-result"] * 2
+    ignored = [e for e in core.lifecycle if e.type == "step.result_ignored"]
+    assert [(e.seq, e.attempt) for e in ignored] == [(1, 1)] * 2
+    assert "ignored: no remote attempt of that step is open" in (ignored[0].reason or "")
+    assert not core.dead
+    core.step_result("nobody", 1, 1, attempt_id="guess")  # no such run: set aside
+    assert [d.code for d in core.dead] == ["unknown-run"]
     assert core.names("r") == ["RunStarted", "StepStarted"]  # still running
     core.run_step(core.queued.pop())
     assert payload.loads(core.state("r").output) == 2

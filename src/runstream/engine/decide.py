@@ -47,6 +47,7 @@ from runstream.schemas.records import (
     Command,
     DeadLetter,
     DeliverEvent,
+    Heartbeat,
     PublishEvent,
     Query,
     Reason,
@@ -170,6 +171,8 @@ class Decider:
                 rules.retry(b, st, cmd)
             case StepResult():
                 rules.step_result(b, st, cmd)
+            case Heartbeat():
+                rules.heartbeat(b, st, cmd)
             case ChildResult():
                 rules.child_result(b, st, cmd)
             case PublishEvent():

@@ -64,6 +64,7 @@ def apply(state: RunState, fact: Fact) -> RunState:
     match fact:
         case StepStarted() | StepHandedOver() | TimerScheduled() | SignalAwaited() | EventAwaited():
             state.pending[fact.seq] = fact
+            state.beats.pop(fact.seq, None)  # a new attempt has not beaten yet
         case StepCompleted():
             _settle(state, fact)
             state.steps += 1
@@ -76,6 +77,7 @@ def apply(state: RunState, fact: Fact) -> RunState:
             _settle(state, fact)
         case StepFailed():
             state.pending[fact.seq] = fact  # waits for its retry
+            state.beats.pop(fact.seq, None)
         case RunStarted():
             state.workflow, state.version, state.input = fact.workflow, fact.version, fact.input
             state.parent_run_id, state.tags = fact.parent_run_id, dict(fact.tags)
@@ -97,6 +99,7 @@ def apply(state: RunState, fact: Fact) -> RunState:
             state.status, state.reason = Status.PARKED, fact.reason
         case RunCompleted() | RunFailed() | RunCancelled() | RunDead():
             state.status, state.ended_at_ms = END_FACTS[type(fact)], fact.at_ms
+            state.beats.clear()
             state.pending.clear()
             if isinstance(fact, RunCompleted):
                 state.output, state.continued_as = fact.output, fact.continued_as
@@ -154,6 +157,7 @@ def _settle(
     | EventTimedOut,
 ) -> None:
     state.pending.pop(fact.seq, None)
+    state.beats.pop(fact.seq, None)
     state.resolved[fact.seq] = fact
 
 

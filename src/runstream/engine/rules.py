@@ -55,6 +55,7 @@ from runstream.schemas.records import (
     EventSubscribed,
     EventTimedOut,
     Fact,
+    Heartbeat,
     Kind,
     LifecycleEvent,
     PublishEvent,
@@ -86,6 +87,7 @@ from runstream.schemas.records import (
     StepHandedOver,
     StepResult,
     StepStarted,
+    StepTask,
     Subscribe,
     TimerFired,
     TimerScheduled,
@@ -468,19 +470,24 @@ class Rules:
         self._advance(b, st)
 
     def step_result(self, b: Batch, st: RunState, cmd: StepResult) -> None:
-        """A remote step's result: accepted only for the attempt the engine dispatched."""
+        """A remote step's result: it settles the attempt only if that attempt is still
+        open. Any other (late, duplicated, from a worker presumed dead) changes nothing
+        and is told on the lifecycle stream; a result for no run is dead-lettered."""
         started = st.pending.get(cmd.seq)
         if not (
             isinstance(started, StepStarted)
-            and started.attempt_id
+            and started.remote
             and started.attempt_id == cmd.attempt_id
             and started.attempt == cmd.attempt
         ):
-            raise Rejected(
-                Reason.UNEXPECTED_RESULT,
-                f"no dispatched attempt {cmd.attempt_id!r} of step {cmd.seq} runs in run "
-                f"{st.run_id!r}: only the engine's own tasks may report results",
-            )
+            if not st.exists:
+                raise Rejected(
+                    Reason.UNKNOWN_RUN,
+                    f"a result of step {cmd.seq} (attempt id {cmd.attempt_id!r}) for run "
+                    f"{st.run_id!r}, which does not exist",
+                )
+            self._ignore_result(b, st, cmd, started)
+            return
         self.step_outcome(
             b,
             st,
@@ -493,8 +500,43 @@ class Rules:
                 cmd.output,
                 cmd.error,
                 cmd.traceback,
+                cmd.retryable,
+                cmd.duration_ms,
             ),
         )
+
+    def _ignore_result(
+        self, b: Batch, st: RunState, cmd: StepResult, open_fact: object | None
+    ) -> None:
+        if isinstance(open_fact, StepStarted) and open_fact.remote:
+            why = f"attempt {open_fact.attempt_id!r} is the open one"
+        elif st.terminal:
+            why = f"the run is {st.status}"
+        elif cmd.seq in st.resolved:
+            why = "the step is settled already"
+        else:
+            why = "no remote attempt of that step is open"
+        reason = f"result of attempt {cmd.attempt_id!r} ignored: {why}"
+        b.effects.lifecycle.append(
+            LifecycleEvent(
+                Kind.STEP_RESULT_IGNORED,
+                st.run_id,
+                b.now,
+                st.workflow,
+                st.version,
+                st.status,
+                seq=cmd.seq,
+                attempt=cmd.attempt,
+                reason=reason,
+            )
+        )
+
+    def heartbeat(self, b: Batch, st: RunState, cmd: Heartbeat) -> None:
+        """A remote attempt is alive: its liveness counts from now. Not a fact (the
+        projection keeps it); a heartbeat for an attempt no longer open is dropped."""
+        started = st.pending.get(cmd.seq)
+        if isinstance(started, StepStarted) and started.attempt_id == cmd.attempt_id:
+            st.beats[cmd.seq] = (b.now, cmd.details)
 
     def query(self, b: Batch, st: RunState, cmd: Query) -> None:
         """Answer now, or (``wait``) once the run ends: the shell keeps the question."""
@@ -607,6 +649,9 @@ class Rules:
                 self.emit(b, st, SignalTimedOut(st.run_id, b.now, seq, name))
             case StepFailed(retry_at_ms=int(due)) if due <= b.now:
                 pass  # _advance starts the next attempt
+            case StepStarted() if fact.remote:
+                self._check_liveness(b, st, seq, fact)
+                return
             case EventAwaited(timeout_at_ms=int(due), name=name, key=key) if due <= b.now:
                 self.emit(b, st, EventTimedOut(st.run_id, b.now, seq, name))
                 corr = correlation_id(name, key)  # the event may come: not for this wait
@@ -614,6 +659,31 @@ class Rules:
             case _:
                 return
         self._advance(b, st)
+
+    def _check_liveness(self, b: Batch, st: RunState, seq: int, started: StepStarted) -> None:
+        """A remote attempt's time may be up: no result by its deadline, or no heartbeat
+        for its interval. Then it fails as timed out, and is retried by its policy."""
+        p = b.partition_of(st.run_id)
+        due = st.liveness_due(seq, started, since=b.since(p))
+        if due is None or due > b.now:
+            if due is not None and due != st.liveness_due(seq, started):
+                # Its heartbeats before this instance took over were not seen here: it
+                # gets one full interval from the takeover (this re-arms its timer).
+                st.beats[seq] = (b.since(p), st.beats.get(seq, (0, None))[1])
+            return
+        if started.deadline_ms is not None and started.deadline_ms <= b.now:
+            took = (started.deadline_ms - started.at_ms) / 1000
+            error = f"sent no result within its timeout of {took:g}s"
+        else:
+            assert started.heartbeat_ms is not None
+            error = f"sent no heartbeat for {started.heartbeat_ms / 1000:g}s"
+        beat = st.beats.get(seq)
+        if beat is not None and beat[1] is not None:
+            error += f" (last heartbeat: {beat[1].decode(errors='replace')})"
+        error = f"StepTimeout: remote step {started.name!r} (task group {started.group!r}) {error}"
+        self.step_outcome(
+            b, st, StepOutcome(p, st.run_id, seq, started.attempt, False, error=error)
+        )
 
     def _time_out(self, b: Batch, st: RunState) -> None:
         """The run passed its execution timeout: it fails with RunTimedOut, after waiting
@@ -852,8 +922,42 @@ class Rules:
                 return
             case _:
                 return  # running, or waiting for its retry time
+        if step.remote:
+            self._dispatch(b, st, seq, step, args, attempt)
+            return
         self.emit(b, st, StepStarted(st.run_id, b.now, seq, step.name, attempt))
         b.effects.steps.append(StepJob(p, st.run_id, seq, attempt, step, args))
+
+    def _dispatch(
+        self, b: Batch, st: RunState, seq: int, step: StepDef, args: tuple[Any, ...], attempt: int
+    ) -> None:
+        """Start a remote attempt: record it and send its task to its group, in one
+        transaction. Its id (seq, attempt, time) names it apart from every other attempt,
+        a retried dead run's included."""
+        policy, p = step.policy, b.partition_of(st.run_id)
+        assert policy.group is not None
+        attempt_id = f"{seq}.{attempt}.{b.now:x}"
+        deadline = None if policy.timeout is None else b.now + int(policy.timeout * 1000)
+        beat = None if policy.heartbeat is None else int(policy.heartbeat * 1000)
+        started = StepStarted(
+            st.run_id, b.now, seq, step.name, attempt, attempt_id, False, policy.group,
+            deadline, beat,
+        )  # fmt: skip
+        self.emit(b, st, started)
+        try:
+            data = payload.dumps(list(args))
+            error = self.limits.too_large(f"the arguments of step {step.name!r}", len(data))
+        except Exception as exc:  # not JSON: the task cannot be sent, now or later
+            error = f"the arguments of remote step {step.name!r} are not JSON: {exc}"
+        if error:  # fails for good: no attempt can do better
+            outcome = StepOutcome(p, st.run_id, seq, attempt, False, error=error, retryable=False)
+            self.step_outcome(b, st, outcome)
+            return
+        task = StepTask(
+            st.run_id, seq, attempt, step.name, data, deadline, attempt_id, policy.group, beat,
+            b.now,
+        )  # fmt: skip
+        b.effects.tasks.append(task)
 
     @staticmethod
     def _start_successor(
@@ -923,7 +1027,7 @@ class Rules:
     @staticmethod
     def _in_flight(st: RunState) -> bool:
         """A forward step (positive seq) is running, or handed over to run again."""
-        return any(s > 0 for s in st.running_steps() + st.handed_over_steps())
+        return any(s > 0 for s in st.running_steps() + st.remote_steps() + st.handed_over_steps())
 
     def _park(self, b: Batch, st: RunState, reason: str) -> None:
         reason = self.limits.clip(reason)

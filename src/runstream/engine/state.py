@@ -21,7 +21,10 @@ from runstream.schemas.records import (
 )
 from runstream.schemas.records import Status as Status
 
-__all__ = ["BATCH_SEQ", "RunState", "Status"]
+__all__ = ["BATCH_SEQ", "Beat", "RunState", "Status"]
+
+#: A remote attempt's latest sign of life: (at ms, details as JSON bytes or None).
+Beat = tuple[int, bytes | None]
 
 #: The timer "sequence number" of an event entity's batch windows: below any step's
 #: (compensations take -1, -2, ...), and still a 4-byte key in the projection.
@@ -64,6 +67,9 @@ class RunState:
     schedule: ScheduleSet | None = None
     paused: bool = False
     next_fire_ms: int | None = None
+    # Remote attempts' latest heartbeats, by seq. Not facts (there are too many): the
+    # projection keeps them beside the facts, and a new owner starts them afresh.
+    beats: dict[int, Beat] = field(default_factory=dict)
     recoveries: int = 0
     compensation: CompensationStarted | None = None  # while compensating
     output: bytes | None = None
@@ -100,6 +106,7 @@ class RunState:
             subscriptions=list(self.subscriptions),
             delivered=set(self.delivered),
             batches={wf: list(events) for wf, events in self.batches.items()},
+            beats=dict(self.beats),
         )
 
     def timers(self) -> set[tuple[int, int]]:
@@ -117,6 +124,10 @@ class RunState:
             match fact:
                 case TimerScheduled(due_ms=due):
                     out.add((due, seq))
+                case StepStarted() if fact.remote:
+                    live = self.liveness_due(seq, fact)
+                    if live is not None:
+                        out.add((live, seq))
                 case (
                     StepFailed(retry_at_ms=int(due))
                     | SignalAwaited(timeout_at_ms=int(due))
@@ -125,9 +136,23 @@ class RunState:
                     out.add((due, seq))
         return out
 
+    def liveness_due(self, seq: int, started: StepStarted, since: int = 0) -> int | None:
+        """When the remote attempt ``started`` times out, unless a heartbeat comes first:
+        its deadline, or a heartbeat interval after its last sign of life (its start,
+        its latest heartbeat, or ``since``, when the owner took the partition over)."""
+        dues: list[int] = [] if started.deadline_ms is None else [started.deadline_ms]
+        if started.heartbeat_ms is not None:
+            beat = self.beats.get(seq, (0, None))[0]
+            dues.append(max(beat, started.at_ms, since) + started.heartbeat_ms)
+        return min(dues, default=None)
+
     def running_steps(self) -> list[int]:
-        """Sequence numbers of steps started with no recorded outcome yet."""
-        return [s for s, f in self.pending.items() if isinstance(f, StepStarted)]
+        """Sequence numbers of steps the engine runs, started with no outcome yet."""
+        return [s for s, f in self.pending.items() if isinstance(f, StepStarted) and not f.remote]
+
+    def remote_steps(self) -> list[int]:
+        """Sequence numbers of remote attempts waiting for their result."""
+        return [s for s, f in self.pending.items() if isinstance(f, StepStarted) and f.remote]
 
     def handed_over_steps(self) -> list[int]:
         """Sequence numbers of steps a graceful handover let go: to start again."""

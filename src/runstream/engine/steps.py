@@ -39,17 +39,56 @@ from runstream.errors import StepTimeout, TerminalStepError
 log = logging.getLogger("runstream.steps")
 
 
-def execute(job: StepJob) -> StepOutcome:
-    """Run one attempt of a step and say how it went. Never raises."""
+class StepContext:
+    """What a step body may know of its attempt, and its way to say it is alive.
+
+    A step gets one when it declares a parameter annotated ``StepContext`` (the workflow
+    passes the other arguments, as always)::
+
+        @app.step(group="exports", heartbeat="10s")
+        def export(job: dict, step: runstream.StepContext) -> dict:
+            for n, chunk in enumerate(chunks(job)):
+                step.heartbeat({"done": n})
+
+    ``heartbeat`` keeps a remote attempt alive past its ``heartbeat`` interval (it is
+    sent at most a few times per interval, however often it is called); for a step the
+    engine runs itself it only records the latest details.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        seq: int,
+        attempt: int,
+        attempt_id: str = "",
+        beat: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.run_id, self.seq, self.attempt, self.attempt_id = run_id, seq, attempt, attempt_id
+        self.details: Any = None  # the latest heartbeat's
+        self._beat = beat
+
+    def heartbeat(self, details: Any = None) -> None:
+        """Say the attempt is alive, with optional progress ``details`` (JSON-able)."""
+        self.details = details
+        if self._beat is not None:
+            self._beat(details)
+
+
+def execute(job: StepJob, context: StepContext | None = None) -> StepOutcome:
+    """Run one attempt of a step and say how it went. Never raises. A step that takes a
+    `StepContext` gets ``context`` (or one that only keeps the details)."""
     started = time.monotonic()
     step, timeout = job.step, job.step.policy.timeout
+    kwargs: dict[str, Any] = {}
+    if step.context_param is not None:
+        kwargs[step.context_param] = context or StepContext(job.run_id, job.seq, job.attempt)
     try:
         if step.is_async:
-            result = asyncio.run(_bounded(step.fn(*job.args), timeout, step.name))
+            result = asyncio.run(_bounded(step.fn(*job.args, **kwargs), timeout, step.name))
         elif timeout is not None:
-            result = _call_with_timeout(job, timeout)
+            result = _call_with_timeout(job, timeout, kwargs)
         else:
-            result = step.fn(*job.args)
+            result = step.fn(*job.args, **kwargs)
         output = payload.dumps(result)
     except BaseException as exc:  # the step's own business, KeyboardInterrupt included
         final: tuple[type[BaseException], ...] = (TerminalStepError, *step.policy.non_retryable)
@@ -84,14 +123,14 @@ async def _bounded(coro: Any, timeout: float | None, name: str) -> Any:
         raise StepTimeout(f"step {name!r} ran longer than its timeout of {timeout:g}s") from None
 
 
-def _call_with_timeout(job: StepJob, timeout: float) -> Any:
+def _call_with_timeout(job: StepJob, timeout: float, kwargs: dict[str, Any]) -> Any:
     """Run a sync step on a thread of its own and stop waiting for it at ``timeout``."""
     box: dict[str, Any] = {}
     late = threading.Event()  # set once the attempt has been given up
 
     def body() -> None:
         try:
-            box["result"] = job.step.fn(*job.args)
+            box["result"] = job.step.fn(*job.args, **kwargs)
         except BaseException as exc:
             box["error"] = exc
         if late.is_set():

@@ -14,7 +14,7 @@ from typing import Any
 
 from runstream.engine.state import RunState
 from runstream.engine.workflow import StepDef
-from runstream.schemas.records import Command, DeadLetter, Fact, LifecycleEvent, RunInfo
+from runstream.schemas.records import Command, DeadLetter, Fact, LifecycleEvent, RunInfo, StepTask
 
 #: One attempt of one step of a run: (run id, seq, attempt).
 Attempt = tuple[str, int, int]
@@ -141,6 +141,7 @@ class Effects:
     facts: list[Fact] = field(default_factory=list)
     lifecycle: list[LifecycleEvent] = field(default_factory=list)
     steps: list[StepJob] = field(default_factory=list)
+    tasks: list[StepTask] = field(default_factory=list)  # remote attempts, to their group
     commands: list[Command] = field(default_factory=list)  # to other runs
     replies: list[tuple[str, RunInfo]] = field(default_factory=list)  # (reply_to, answer)
     waiters: list[Waiter] = field(default_factory=list)  # questions to answer at the end
@@ -152,6 +153,7 @@ class Effects:
             self.facts,
             self.lifecycle,
             self.steps,
+            self.tasks,
             self.commands,
             self.replies,
             self.waiters,
@@ -190,9 +192,13 @@ class Batch:
         load: Callable[[int, str], RunState],
         now: int,
         parked: Mapping[str, str] | None = None,
+        since: Callable[[int], int] | None = None,
     ) -> None:
         self.load = load
         self.now = now
+        # When this instance took partition p over (ms): a remote attempt's liveness
+        # counts from then at the earliest (its heartbeats before were not seen here).
+        self.since = since or (lambda _p: 0)
         self.runs: dict[str, Working] = {}
         self.effects = Effects()
         self.consumed: dict[int, tuple[int, int]] = {}  # partition -> (first, last) offset

@@ -37,6 +37,8 @@ class StepPolicy:
     max_backoff: float = 300.0
     non_retryable: tuple[type[BaseException], ...] = ()
     timeout: float | None = None
+    group: str | None = None  # a remote step: served by the task workers of this group
+    heartbeat: float | None = None  # a remote attempt silent this long (s) times out
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before the attempt after ``attempt``."""
@@ -55,19 +57,30 @@ class StepDef:
     policy: StepPolicy
     output: TypeAdapter[Any] | None  # from the return annotation, to rebuild recorded outputs
     is_async: bool
+    context_param: str | None = None  # the parameter annotated StepContext, if any
+
+    @property
+    def remote(self) -> bool:
+        """Served by task workers (`runstream.taskworker`), not by the engine."""
+        return self.policy.group is not None
 
 
 def step_def(
     fn: Callable[..., Any], policy: StepPolicy | None = None, name: str | None = None
 ) -> StepDef:
     """Declare ``fn`` as a step (`App.step` does this for users)."""
-    ret = _hints(fn).get("return", inspect.Signature.empty)
+    from runstream.engine.steps import StepContext
+
+    hints = _hints(fn)
+    ret = hints.get("return", inspect.Signature.empty)
+    context = [p for p, t in hints.items() if t is StepContext and p != "return"]
     return StepDef(
         fn=fn,
         name=name or fn.__qualname__,
         policy=policy or DEFAULT_POLICY,
         output=None if ret in (inspect.Signature.empty, None, Any) else TypeAdapter(ret),
         is_async=inspect.iscoroutinefunction(inspect.unwrap(fn)),
+        context_param=context[0] if context else None,
     )
 
 
@@ -223,6 +236,10 @@ class Registry:
         self.steps[sd.fn] = sd
         self._by_name[sd.name] = sd
         return sd
+
+    def groups(self) -> list[str]:
+        """The task groups of the remote steps registered here."""
+        return sorted({sd.policy.group for sd in self._by_name.values() if sd.policy.group})
 
     def step_by_name(self, name: str) -> StepDef:
         """The step called ``name``, or a default-policy stand-in (e.g. a remote step)."""

@@ -8,15 +8,18 @@ Keys (raw bytes, so byte order is meaningful):
     h <run_id>                          the run has a step a handover let go
     i <run_id>                          the run has a step started with no outcome
     p <run_id>                          the run is parked
+    b <run_id>                          its remote attempts' latest heartbeats (JSON)
     m journal                           next journal offset to read (8B BE)
 
-A run's state is the fold of its facts; recently used states stay in an LRU so the
-hot path rarely decodes. A new or emptied directory rebuilds from the journal.
+A run's state is the fold of its facts (plus its heartbeats, which are not facts);
+recently used states stay in an LRU so the hot path rarely decodes. A new or emptied
+directory rebuilds from the journal.
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
@@ -26,7 +29,7 @@ from typing import Any
 from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch
 
 from runstream.engine.reducer import apply
-from runstream.engine.state import RunState, Status
+from runstream.engine.state import Beat, RunState, Status
 from runstream.engine.work import LogRecord
 from runstream.errors import DecodeError
 from runstream.schemas.codec import Codec
@@ -69,6 +72,19 @@ def index_keys(state: RunState) -> set[bytes]:
     return keys
 
 
+def _dump_beats(beats: dict[int, Beat]) -> bytes:
+    # Details are JSON (UTF-8) from our workers; a foreign worker's other bytes are mangled.
+    rows = [
+        [seq, at, None if d is None else d.decode("utf-8", "replace")]
+        for seq, (at, d) in beats.items()
+    ]
+    return json.dumps(rows).encode()
+
+
+def _load_beats(data: bytes) -> dict[int, Beat]:
+    return {seq: (at, None if d is None else d.encode()) for seq, at, d in json.loads(data)}
+
+
 class PartitionStore:
     """The projection of one journal partition."""
 
@@ -109,6 +125,9 @@ class PartitionStore:
         if self.db.get(_fact_key(run, 0)) is not None:  # a point lookup: new runs are common
             for fact in self.facts(run_id):
                 apply(state, fact)
+            beats = self.db.get(b"b" + run)
+            if beats is not None:
+                state.beats = _load_beats(beats)
         self._remember(state)
         return state
 
@@ -133,6 +152,11 @@ class PartitionStore:
                 batch.delete(key)
             for key in new - old:
                 batch.put(key, b"")
+            if after.beats != before.beats:
+                if after.beats:
+                    batch.put(b"b" + run, _dump_beats(after.beats))
+                else:
+                    batch.delete(b"b" + run)
             afters.append(after)
         batch.put(_OFFSET_KEY, journal_offset.to_bytes(8, "big"))
         self.db.write(batch)

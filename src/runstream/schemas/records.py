@@ -51,6 +51,7 @@ class Kind(StrEnum):
     STEP_COMPLETED = "step.completed"
     STEP_FAILED = "step.failed"
     STEP_HANDED_OVER = "step.handed_over"
+    STEP_RESULT_IGNORED = "step.result_ignored"
 
 
 class Reason(StrEnum):
@@ -195,6 +196,21 @@ class StepResult(Record):
     error: str | None = None
     traceback: str | None = None
     attempt_id: str = ""
+    retryable: bool = True
+    duration_ms: int = 0
+    worker: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat(Record):
+    """A task worker's sign of life for a remote attempt: kept in the projection, never
+    journaled."""
+
+    run_id: str
+    seq: int
+    attempt_id: str
+    details: bytes | None = None
+    sent_at_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +281,7 @@ Command = (
     | Cancel
     | Retry
     | StepResult
+    | Heartbeat
     | ChildResult
     | PublishEvent
     | Subscribe
@@ -311,6 +328,14 @@ class StepStarted(Record):
     attempt: int
     attempt_id: str = ""
     isolated: bool = False
+    group: str | None = None  # a remote step: the task group serving it
+    deadline_ms: int | None = None
+    heartbeat_ms: int | None = None
+
+    @property
+    def remote(self) -> bool:
+        """Dispatched to a task worker (its outcome comes as a StepResult command)."""
+        return self.group is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -761,6 +786,10 @@ class StepTask(Record):
     name: str
     args: bytes
     deadline_ms: int | None = None
+    attempt_id: str = ""
+    group: str = ""
+    heartbeat_ms: int | None = None
+    sent_at_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

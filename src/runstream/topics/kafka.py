@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import (
@@ -46,6 +46,7 @@ from runstream.topics.admin import (
     client_config,
     ensure_topics,
     max_record_bytes,
+    partition_count,
     wait_for_cluster,
 )
 from runstream.topics.base import Ownership, TransactionAborted
@@ -68,14 +69,19 @@ def open_engine_log(
     instance_id: str,
     watchdog: Watchdog,
     stopping: Callable[[], bool],
+    task_groups: Sequence[str] = (),
 ) -> KafkaLog | None:
-    """An engine instance's log once a broker answers; None when stopped first. While
+    """An engine instance's log once a broker answers; None when stopped first. The task
+    topics of ``task_groups`` are created if missing (a task is produced inside a
+    transaction, where a missing topic would abort it). While
     Kafka is away, try again and again, each attempt waiting longer (up to 30 s) and
     saying so in one line."""
     delay = 1.0
     while not stopping():
         try:
-            return _open_engine_log(settings, topics, instance_id, watchdog, stopping, delay)
+            return _open_engine_log(
+                settings, topics, instance_id, watchdog, stopping, delay, task_groups
+            )
         except KafkaUnavailable as exc:
             if stopping():
                 break
@@ -91,6 +97,7 @@ def _open_engine_log(
     watchdog: Watchdog,
     stopping: Callable[[], bool],
     connect_timeout: float,
+    task_groups: Sequence[str],
 ) -> KafkaLog:
     """The log with the namespace's topics (created if missing and allowed) and its
     record size limits; KafkaUnavailable when no broker answers in ``connect_timeout``."""
@@ -105,6 +112,8 @@ def _open_engine_log(
             raise
         ensure_topics(bootstrap, ns, s.partitions, kafka=s.kafka)  # a new namespace
         partitions = check_copartitioned(bootstrap, ns, kafka=s.kafka)
+    if task_groups:
+        _ensure_task_topics(bootstrap, topics, partitions, task_groups, s)
     fixed = topics.fixed()
     max_record = s.max_record_bytes or max_record_bytes(
         config, [fixed[f] for f in ("commands", "journal", "lifecycle", "replies", "dlq")]
@@ -126,6 +135,21 @@ def _open_engine_log(
         watchdog=watchdog,
         limits=Limits(max_record),
     )
+
+
+def _ensure_task_topics(
+    bootstrap: str, topics: Topics, partitions: int, groups: Sequence[str], s: Settings
+) -> None:
+    if s.create_topics:
+        ensure_topics(bootstrap, topics.ns, partitions, task_groups=groups, kafka=s.kafka)
+        return
+    config = client_config(bootstrap, s.kafka)
+    missing = [topics.tasks(g) for g in groups if partition_count(config, topics.tasks(g)) is None]
+    if missing:
+        raise TopicError(
+            f"task topics {', '.join(missing)} do not exist and create_topics is off: "
+            f"runstream topics create {topics.ns} --task-group <group>"
+        )
 
 
 def as_record(msg: Message) -> LogRecord:

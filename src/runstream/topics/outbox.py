@@ -44,6 +44,8 @@ def outbox(
         data = encode(fact)
         encoded.setdefault(fact.run_id, []).append(data)
         out.append(Out(topics.journal, b.partition_of(fact.run_id), fact.run_id.encode(), data))
+    for task in fx.tasks:  # the partitioner spreads a group's tasks over its workers
+        out.append(Out(topics.tasks(task.group), None, task.run_id.encode(), encode(task)))
     for ev in fx.lifecycle:
         out.append(Out(topics.lifecycle, b.partition_of(ev.run_id), ev.run_id.encode(), encode(ev)))
     for cmd in fx.commands:
