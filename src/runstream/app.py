@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from runstream.engine.workflow import Registry, StepPolicy, seconds, step_def, workflow_def
+from runstream.engine.workflow import (
+    Limit,
+    Registry,
+    StepPolicy,
+    seconds,
+    step_def,
+    workflow_def,
+)
 
 if TYPE_CHECKING:
     from runstream.client import Client
@@ -49,6 +56,9 @@ class App:
         key: Callable[[Any], Any] | None = None,
         batch: int | None = None,
         window: float | str | None = None,
+        concurrency_key: Callable[[Any], Any] | None = None,
+        limit: int = 1,
+        max_queued: int | None = None,
     ) -> Callable[[F], F]: ...
 
     def workflow(
@@ -62,6 +72,9 @@ class App:
         key: Callable[[Any], Any] | None = None,
         batch: int | None = None,
         window: float | str | None = None,
+        concurrency_key: Callable[[Any], Any] | None = None,
+        limit: int = 1,
+        max_queued: int | None = None,
     ) -> Any:
         """Register an ``async def (ctx, input)`` as a workflow; the name defaults to the
         function's. Register several versions under one name: new runs take the newest,
@@ -72,7 +85,12 @@ class App:
         the payload (``key=lambda ev: ev["order"]``: run id ``<workflow>:<key>``). With
         ``batch=`` (a count) and/or ``window=`` (a duration), the events of one name and
         correlation key are collected and one run gets them as a list, once the batch is
-        full or its window (from its first event) closes."""
+        full or its window (from its first event) closes.
+
+        ``concurrency_key`` (a function of the input, e.g. ``lambda order: order.customer``):
+        at most ``limit`` runs of one key run at once, across every engine instance; the
+        others wait in start order before running any code. With ``max_queued``, a start
+        that finds that many waiting fails at once (`QueueFull`)."""
 
         def register(f: F) -> F:
             wf = workflow_def(
@@ -84,6 +102,9 @@ class App:
                 key=key,
                 batch=batch,
                 window=window,
+                concurrency_key=concurrency_key,
+                limit=limit,
+                max_queued=max_queued,
             )
             self.registry.add_workflow(wf)
             f.__runstream_workflow__ = wf.name  # type: ignore[attr-defined]
@@ -105,6 +126,7 @@ class App:
         name: str | None = None,
         group: str | None = None,
         heartbeat: float | str | None = None,
+        queue: str | None = None,
     ) -> Callable[[F], F]: ...
 
     def step(
@@ -119,6 +141,7 @@ class App:
         name: str | None = None,
         group: str | None = None,
         heartbeat: float | str | None = None,
+        queue: str | None = None,
     ) -> Any:
         """Declare a step's retry policy: ``retries`` more attempts with exponential
         ``backoff`` seconds; ``non_retryable`` exception types fail the run's step at once;
@@ -129,7 +152,13 @@ class App:
         ``group``: a remote step, run by the task workers serving that group
         (``runstream tasks serve MODULE:APP --group G``) instead of by the engine. Its
         ``timeout`` is then kept by the engine, and ``heartbeat`` (seconds) fails an
-        attempt that sent no heartbeat (`StepContext.heartbeat`) for that long."""
+        attempt that sent no heartbeat (`StepContext.heartbeat`) for that long.
+
+        ``queue``: each attempt first takes a permit of the limit of that name (declared
+        with `App.limit` before); a remote step's group is its queue when a limit of that
+        name is declared."""
+        if queue is not None and queue not in self.registry.limits:
+            raise LookupError(f"queue {queue!r} is not declared: app.limit({queue!r}, ...) first")
         if heartbeat is not None and group is None:
             raise TypeError("heartbeat= is for remote steps: give the step a group= too")
         if group is not None:
@@ -144,6 +173,7 @@ class App:
             None if timeout is None else seconds(timeout),
             group,
             None if heartbeat is None else seconds(heartbeat),
+            queue,
         )
 
         def register(f: F) -> F:
@@ -151,6 +181,27 @@ class App:
             return f
 
         return register(fn) if fn is not None else register
+
+    def limit(
+        self,
+        name: str,
+        *,
+        concurrency: int | None = None,
+        rate: float | None = None,
+        burst: int = 1,
+    ) -> None:
+        """Declare a limit on a step queue (a task group's name, or any name steps give as
+        ``queue=``), held across every engine instance: at most ``concurrency`` attempts
+        at once, at most ``rate`` starts per second (``burst`` at once after idling).
+        Waiting attempts start by their ``priority``, then round robin between their
+        ``fairness`` keys, then in order (see `Context.step`)."""
+        if concurrency is not None and concurrency < 1:
+            raise ValueError(f"limit {name!r}: concurrency must be 1 or more")
+        if rate is not None and rate <= 0:
+            raise ValueError(f"limit {name!r}: rate must be above 0 per second")
+        if burst < 1:
+            raise ValueError(f"limit {name!r}: burst must be 1 or more")
+        self.registry.limits[name] = Limit(name, concurrency, rate, burst)
 
     def task_worker(self, group: str, *, concurrency: int = 16) -> TaskWorker:
         """A task worker serving the remote steps of ``group`` (`TaskWorker.run` blocks

@@ -123,6 +123,8 @@ class RunTimedOut(RunFailed):
 
 #: How the engine starts the error text of a run that timed out.
 TIMED_OUT = "RunTimedOut: "
+#: ... and of a step attempt that timed out (`StepTimeout`).
+STEP_TIMED_OUT = "StepTimeout: "
 
 
 def run_failed(run_id: str, error: str, status: str = "failed") -> RunFailed:

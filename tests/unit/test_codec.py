@@ -39,6 +39,7 @@ _PRIMITIVE_SAMPLES: dict[str, Any] = {
     "bytes": b'{"k":[1,2]}',
     "int": 7,
     "long": 1_700_000_000_123,
+    "double": 2.5,
     "boolean": True,
 }
 
@@ -75,7 +76,7 @@ def codec() -> Codec:
 
 
 def test_every_shipped_file_is_a_documented_runstream_record() -> None:
-    assert len(SHIPPED) == 52
+    assert len(SHIPPED) == 61
     for filename, schema in ALL_FILES.items():
         assert filename.startswith(f"runstream.{schema['name']}.")
         assert schema["namespace"] == "runstream"
@@ -149,6 +150,27 @@ FIELDS = {
         "worker",
     ],
     "Heartbeat": ["run_id", "seq", "attempt_id", "details", "sent_at_ms"],
+    "Acquire": [
+        "run_id",
+        "holder",
+        "seq",
+        "attempt",
+        "priority",
+        "fairness",
+        "concurrency",
+        "rate",
+        "burst",
+        "max_queued",
+        "sent_at_ms",
+    ],
+    "Grant": ["run_id", "seq", "limit", "granted", "reason", "sent_at_ms"],
+    "Release": ["run_id", "holder", "seq", "sent_at_ms"],
+    "LimitSet": [*_FACT, "concurrency", "rate", "burst", "max_queued"],
+    "PermitQueued": [*_FACT, "holder", "seq", "priority", "fairness"],
+    "PermitGranted": [*_FACT, "holder", "seq", "fairness"],
+    "PermitReleased": [*_FACT, "holder", "seq"],
+    "PermitRequested": [*_FACT, "seq", "limit", "attempt"],
+    "PermitReceived": [*_FACT, "seq", "limit", "attempt", "granted", "reason"],
     "Query": ["run_id", "request_id", "reply_to", "wait"],
     "RunStarted": [
         *_FACT,
@@ -272,7 +294,14 @@ def test_field_names_are_the_contract() -> None:
             assert types["run_id"] == "string" and types["at_ms"] == "long", name
 
 
-_AVRO_TYPES = {"string": str, "bytes": bytes, "int": int, "long": int, "boolean": bool}
+_AVRO_TYPES = {
+    "string": str,
+    "bytes": bytes,
+    "int": int,
+    "long": int,
+    "double": float,
+    "boolean": bool,
+}
 
 
 def _python_type(avro_type: Any) -> Any:

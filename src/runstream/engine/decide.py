@@ -42,15 +42,18 @@ from runstream.engine.workflow import Registry
 from runstream.errors import DecodeError
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
+    Acquire,
     Cancel,
     ChildResult,
     Command,
     DeadLetter,
     DeliverEvent,
+    Grant,
     Heartbeat,
     PublishEvent,
     Query,
     Reason,
+    Release,
     Retry,
     RunRejected,
     ScheduleCommand,
@@ -173,6 +176,12 @@ class Decider:
                 rules.step_result(b, st, cmd)
             case Heartbeat():
                 rules.heartbeat(b, st, cmd)
+            case Acquire():
+                rules.acquire(b, st, cmd)
+            case Grant():
+                rules.grant(b, st, cmd)
+            case Release():
+                rules.release(b, st, cmd)
             case ChildResult():
                 rules.child_result(b, st, cmd)
             case PublishEvent():

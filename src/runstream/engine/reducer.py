@@ -13,6 +13,7 @@ from dataclasses import replace
 from runstream.engine.state import RunState, Status
 from runstream.schemas.records import (
     END_FACTS,
+    RUN_PERMIT_SEQ,
     BatchStarted,
     ChildEnded,
     ChildStarted,
@@ -25,6 +26,12 @@ from runstream.schemas.records import (
     EventSubscribed,
     EventTimedOut,
     Fact,
+    LimitSet,
+    PermitGranted,
+    PermitQueued,
+    PermitReceived,
+    PermitReleased,
+    PermitRequested,
     RetriedAsNew,
     RunCancelled,
     RunCompleted,
@@ -68,6 +75,32 @@ def apply(state: RunState, fact: Fact) -> RunState:
         case StepCompleted():
             _settle(state, fact)
             state.steps += 1
+            state.permits.pop(fact.seq, None)
+        case PermitRequested():
+            state.pending[fact.seq] = fact
+            state.permits[fact.seq] = fact.limit
+        case PermitReceived(seq=seq) if seq == RUN_PERMIT_SEQ:
+            state.pending.pop(seq, None)  # the run may go on; it holds the permit till its end
+            if not fact.granted:
+                state.permits.pop(seq, None)
+        case PermitReceived():
+            state.pending[fact.seq] = fact
+            if not fact.granted:
+                state.permits.pop(fact.seq, None)
+        case LimitSet():
+            state.limit = fact
+        case PermitQueued():
+            state.queue.append(fact)
+        case PermitGranted():
+            _take_from_queue(state, fact.holder, fact.seq)
+            state.held[fact.holder, fact.seq] = fact
+            state.served[fact.fairness] = state.grants
+            state.grants += 1
+            if state.limit is not None and state.limit.rate:
+                state.tat_ms = max(state.tat_ms, fact.at_ms) + 1000 / state.limit.rate
+        case PermitReleased():
+            if state.held.pop((fact.holder, fact.seq), None) is None:
+                _take_from_queue(state, fact.holder, fact.seq)
         case TimerFired() | SignalTimedOut() | ValueRecorded() | EventReceived() | EventTimedOut():
             _settle(state, fact)
         case SignalReceived():
@@ -75,9 +108,11 @@ def apply(state: RunState, fact: Fact) -> RunState:
             _consume_buffered(state, fact.signal_id)
         case StepFailed(retry_at_ms=None):  # final: the workflow sees the error
             _settle(state, fact)
+            state.permits.pop(fact.seq, None)
         case StepFailed():
             state.pending[fact.seq] = fact  # waits for its retry
             state.beats.pop(fact.seq, None)
+            state.permits.pop(fact.seq, None)  # given back: the next attempt asks again
         case RunStarted():
             state.workflow, state.version, state.input = fact.workflow, fact.version, fact.input
             state.parent_run_id, state.tags = fact.parent_run_id, dict(fact.tags)
@@ -100,6 +135,7 @@ def apply(state: RunState, fact: Fact) -> RunState:
         case RunCompleted() | RunFailed() | RunCancelled() | RunDead():
             state.status, state.ended_at_ms = END_FACTS[type(fact)], fact.at_ms
             state.beats.clear()
+            state.permits.clear()  # given back by the transaction that ends the run
             state.pending.clear()
             if isinstance(fact, RunCompleted):
                 state.output, state.continued_as = fact.output, fact.continued_as
@@ -141,6 +177,10 @@ def fold(run_id: str, facts: Iterable[Fact]) -> RunState:
     for fact in facts:
         apply(state, fact)
     return state
+
+
+def _take_from_queue(state: RunState, holder: str, seq: int) -> None:
+    state.queue = [q for q in state.queue if (q.holder, q.seq) != (holder, seq)]
 
 
 def _settle(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from typing import Any
 
 from runstream.engine import cron, lifecycle, payload
@@ -36,9 +37,11 @@ from runstream.engine.replay import (
 from runstream.engine.state import BATCH_SEQ, RunState, Status
 from runstream.engine.work import Batch, StepJob, StepOutcome, Waiter
 from runstream.engine.workflow import Registry, StepDef, WorkflowDef
-from runstream.errors import TIMED_OUT, InvalidInput, WorkflowNotFound
+from runstream.errors import STEP_TIMED_OUT, TIMED_OUT, InvalidInput, WorkflowNotFound
 from runstream.schemas.records import (
     END_FACTS,
+    RUN_PERMIT_SEQ,
+    Acquire,
     BatchStarted,
     Cancel,
     ChildEnded,
@@ -55,12 +58,20 @@ from runstream.schemas.records import (
     EventSubscribed,
     EventTimedOut,
     Fact,
+    Grant,
     Heartbeat,
     Kind,
     LifecycleEvent,
+    LimitSet,
+    PermitGranted,
+    PermitQueued,
+    PermitReceived,
+    PermitReleased,
+    PermitRequested,
     PublishEvent,
     Query,
     Reason,
+    Release,
     RetriedAsNew,
     Retry,
     RunCancelled,
@@ -93,6 +104,7 @@ from runstream.schemas.records import (
     TimerScheduled,
     continuation_of,
     correlation_id,
+    limit_id,
     run_id_problem,
     schedule_id,
 )
@@ -143,6 +155,7 @@ class Rules:
                 self.signal(b, st, self._start_signal(st, cmd))
             return
         wf = self._checked(cmd.workflow, cmd.version, cmd.input)
+        permit = self._run_permit(wf, cmd) if wf is not None else None
         version = cmd.version or (wf.version if wf else "")
         timeout_ms = cmd.timeout_ms
         if timeout_ms is None and wf is not None and wf.timeout is not None:
@@ -166,7 +179,26 @@ class Rules:
         )
         if cmd.signal is not None:  # buffered: the workflow's wait takes it
             self.signal(b, st, self._start_signal(st, cmd))
+        if permit is not None:  # no code runs before the permit comes
+            self._request(b, st, permit)
+            return
         self._advance(b, st)
+
+    def _run_permit(self, wf: WorkflowDef, cmd: StartRun) -> Acquire | None:
+        """The permit a run of ``wf`` needs before it runs (its ``concurrency_key``)."""
+        if wf.concurrency_key is None:
+            return None
+        try:
+            key = wf.concurrency_key(wf.parse_input(payload.loads(cmd.input)))
+        except Exception as exc:
+            raise Rejected(
+                Reason.INVALID_INPUT,
+                f"the concurrency_key of workflow {wf.name!r} failed on this input: {exc!r}",
+            ) from exc
+        ent = limit_id(wf.name, str(key))
+        return Acquire(
+            ent, cmd.run_id, RUN_PERMIT_SEQ, concurrency=wf.limit, max_queued=wf.max_queued
+        )
 
     @staticmethod
     def _start_signal(st: RunState, cmd: StartRun) -> Signal:
@@ -538,6 +570,83 @@ class Rules:
         if isinstance(started, StepStarted) and started.attempt_id == cmd.attempt_id:
             st.beats[cmd.seq] = (b.now, cmd.details)
 
+    # -- limits: permits owned by the limit's entity (docs/remote-steps.md, 4) ------------
+    def _request(self, b: Batch, st: RunState, ask: Acquire) -> None:
+        """Ask the limit for a permit; the run waits at ``ask.seq`` for the Grant."""
+        self.emit(b, st, PermitRequested(st.run_id, b.now, ask.seq, ask.run_id, ask.attempt))
+        b.effects.commands.append(replace(ask, sent_at_ms=b.now))
+
+    def grant(self, b: Batch, st: RunState, cmd: Grant) -> None:
+        """A limit's answer. A permit nobody waits for any more (the run ended, or it
+        compensates) goes straight back."""
+        asked = st.pending.get(cmd.seq)
+        wanted = (
+            isinstance(asked, PermitRequested)
+            and asked.limit == cmd.limit
+            and (st.compensation is None or cmd.seq < 0)
+        )
+        if not isinstance(asked, PermitRequested) or not wanted:
+            if cmd.granted:
+                b.effects.commands.append(Release(cmd.limit, st.run_id, cmd.seq, b.now))
+            return
+        received = PermitReceived(
+            st.run_id, b.now, cmd.seq, cmd.limit, asked.attempt, cmd.granted, cmd.reason
+        )
+        self.emit(b, st, received)
+        if not cmd.granted:  # only a run's own permit is ever refused (max_queued)
+            self.emit(b, st, RunFailed(st.run_id, b.now, f"QueueFull: {cmd.reason}", ""))
+            return
+        self._advance(b, st)
+
+    def acquire(self, b: Batch, ent: RunState, cmd: Acquire) -> None:
+        """A limit entity is asked for a permit: grant it now if the limit allows and
+        nobody waits, else queue it (or refuse it, past ``max_queued``)."""
+        who = (cmd.holder, cmd.seq)
+        if who in ent.held or any((q.holder, q.seq) == who for q in ent.queue):
+            return  # asked twice (a redone transaction's command): once counts
+        lim = ent.limit
+        settings = (cmd.concurrency, cmd.rate, cmd.burst, cmd.max_queued)
+        if lim is None or (lim.concurrency, lim.rate, lim.burst, lim.max_queued) != settings:
+            self.emit(b, ent, LimitSet(ent.run_id, b.now, *settings))
+        if not ent.queue and ent.can_grant(b.now):
+            self._give(b, ent, cmd.holder, cmd.seq, cmd.fairness)
+            return
+        if cmd.max_queued is not None and len(ent.queue) >= cmd.max_queued:
+            reason = (
+                f"{len(ent.queue)} runs wait for {ent.run_id} already (max_queued={cmd.max_queued})"
+            )
+            b.effects.commands.append(Grant(cmd.holder, cmd.seq, ent.run_id, False, reason, b.now))
+            return
+        queued = PermitQueued(ent.run_id, b.now, cmd.holder, cmd.seq, cmd.priority, cmd.fairness)
+        self.emit(b, ent, queued)
+
+    def release(self, b: Batch, ent: RunState, cmd: Release) -> None:
+        """A permit comes back (or a waiting request is withdrawn): grant the next."""
+        who = (cmd.holder, cmd.seq)
+        if who in ent.held or any((q.holder, q.seq) == who for q in ent.queue):
+            self.emit(b, ent, PermitReleased(ent.run_id, b.now, cmd.holder, cmd.seq))
+            self._grant_waiting(b, ent)
+
+    def _grant_waiting(self, b: Batch, ent: RunState) -> None:
+        """Grant waiting requests while the limit allows: the highest priority first,
+        then the fairness key served longest ago, then the earliest request."""
+        while ent.queue and ent.can_grant(b.now):
+            top = max(q.priority for q in ent.queue)
+            waiting = [(ent.served.get(q.fairness, -1), i, q) for i, q in enumerate(ent.queue)]
+            _, _, q = min(w for w in waiting if w[2].priority == top)
+            self._give(b, ent, q.holder, q.seq, q.fairness)
+
+    def _give(self, b: Batch, ent: RunState, holder: str, seq: int, fairness: str) -> None:
+        self.emit(b, ent, PermitGranted(ent.run_id, b.now, holder, seq, fairness))
+        b.effects.commands.append(Grant(holder, seq, ent.run_id, True, "", b.now))
+
+    @staticmethod
+    def _give_back(b: Batch, st: RunState, seq: int) -> None:
+        """The attempt at ``seq`` ends: its permit, if it had one, goes back."""
+        limit = st.permits.get(seq)
+        if limit is not None:
+            b.effects.commands.append(Release(limit, st.run_id, seq, b.now))
+
     def query(self, b: Batch, st: RunState, cmd: Query) -> None:
         """Answer now, or (``wait``) once the run ends: the shell keeps the question."""
         if cmd.wait and st.exists and not st.terminal:
@@ -589,6 +698,7 @@ class Rules:
         if not isinstance(started, StepStarted) or started.attempt != o.attempt:
             return
         clip = self.limits.clip
+        self._give_back(b, st, o.seq)
         too_large = self.limits.too_large("the step's output", len(o.output)) if o.ok else None
         if o.ok and not too_large:
             self.emit(
@@ -633,8 +743,10 @@ class Rules:
         if seq == BATCH_SEQ and st.batches:  # an event entity's batch window
             self.close_batches(b, st)
             return
-        if seq == 0:  # the run's own deadline, or a schedule's next fire
-            if st.schedule is not None:
+        if seq == 0:  # the run's own deadline, a schedule's next fire, a limit's next grant
+            if st.limit is not None:
+                self._grant_waiting(b, st)
+            elif st.schedule is not None:
                 self._fire(b, st)
             else:
                 self._time_out(b, st)
@@ -680,7 +792,9 @@ class Rules:
         beat = st.beats.get(seq)
         if beat is not None and beat[1] is not None:
             error += f" (last heartbeat: {beat[1].decode(errors='replace')})"
-        error = f"StepTimeout: remote step {started.name!r} (task group {started.group!r}) {error}"
+        error = (
+            f"{STEP_TIMED_OUT}remote step {started.name!r} (task group {started.group!r}) {error}"
+        )
         self.step_outcome(
             b, st, StepOutcome(p, st.run_id, seq, started.attempt, False, error=error)
         )
@@ -778,6 +892,8 @@ class Rules:
     # -- the core loop ---------------------------------------------------------------
     def _advance(self, b: Batch, st: RunState, relaunch: frozenset[int] = frozenset()) -> None:
         """Replay the workflow and record what it does next, until it waits or ends."""
+        if isinstance(st.pending.get(RUN_PERMIT_SEQ), PermitRequested):
+            return  # no code runs before the run's permit comes
         while not st.terminal:
             if st.compensation is not None:
                 self._relaunch_forward(b, st, relaunch)
@@ -832,8 +948,8 @@ class Rules:
                 self._park(b, st, f"non-determinism: {err}")
             case Overran():
                 self._park(b, st, OVERRAN)
-            case Blocked(StepCall(seq, step, args)):
-                self._run_step(b, st, seq, step, args, relaunch)
+            case Blocked(StepCall(seq, step, args, priority, fairness)):
+                self._run_step(b, st, seq, step, args, relaunch, priority, fairness)
             case Blocked(SleepCall(seq, secs)):
                 if seq not in st.pending:
                     self.emit(b, st, TimerScheduled(run_id, now, seq, now + int(secs * 1000)))
@@ -909,9 +1025,12 @@ class Rules:
         step: StepDef,
         args: tuple[Any, ...],
         relaunch: frozenset[int],
+        priority: int = 0,
+        fairness: str = "",
     ) -> None:
         fact = st.pending.get(seq)
         p = b.partition_of(st.run_id)
+        limit = self.registry.limit_of(step)
         match fact:
             case None:
                 attempt = 1
@@ -920,8 +1039,18 @@ class Rules:
             case StepStarted(attempt=running, isolated=isolated) if seq in relaunch:
                 b.effects.steps.append(StepJob(p, st.run_id, seq, running, step, args, isolated))
                 return
+            case PermitReceived(attempt=attempt, granted=True):
+                limit = None  # it has its permit
             case _:
-                return  # running, or waiting for its retry time
+                return  # running, waiting for its retry time or for a permit
+        if limit is not None:
+            ent = limit_id(limit.name)
+            ask = Acquire(
+                ent, st.run_id, seq, attempt, priority, fairness, limit.concurrency, limit.rate,
+                limit.burst,
+            )  # fmt: skip
+            self._request(b, st, ask)
+            return
         if step.remote:
             self._dispatch(b, st, seq, step, args, attempt)
             return
@@ -1046,12 +1175,15 @@ class Rules:
     def emit(b: Batch, st: RunState, fact: Fact) -> None:
         ending = type(fact) in END_FACTS
         children = Rules._children(st) if ending else []  # before the end clears pending
+        permits = dict(st.permits) if ending else {}
         apply(st, fact)
         b.effects.facts.append(fact)
         ev = lifecycle.event(fact, st)
         if ev is not None:
             b.effects.lifecycle.append(ev)
         if ending:
+            for seq, limit in permits.items():  # the run's permits and requests go back
+                b.effects.commands.append(Release(limit, st.run_id, seq, b.now))
             Rules._ended(b, st, fact, children)
 
     @staticmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from runstream.schemas.records import (
@@ -10,6 +11,9 @@ from runstream.schemas.records import (
     EventAwaited,
     EventBatched,
     EventPublished,
+    LimitSet,
+    PermitGranted,
+    PermitQueued,
     ScheduleSet,
     SeqFact,
     SignalAwaited,
@@ -67,6 +71,17 @@ class RunState:
     schedule: ScheduleSet | None = None
     paused: bool = False
     next_fire_ms: int | None = None
+    # A limit entity (~limit/...): its settings, the permits held, the requests waiting
+    # (in arrival order), the rate limit's theoretical arrival time (ms, GCRA), and when
+    # each fairness key was last served (the grant's number), for round robin.
+    limit: LimitSet | None = None
+    held: dict[tuple[str, int], PermitGranted] = field(default_factory=dict)
+    queue: list[PermitQueued] = field(default_factory=list)
+    tat_ms: float = 0.0
+    served: dict[str, int] = field(default_factory=dict)
+    grants: int = 0
+    # A run's permits, requested or held, by seq -> the limit's entity id.
+    permits: dict[int, str] = field(default_factory=dict)
     # Remote attempts' latest heartbeats, by seq. Not facts (there are too many): the
     # projection keeps them beside the facts, and a new owner starts them afresh.
     beats: dict[int, Beat] = field(default_factory=dict)
@@ -107,6 +122,10 @@ class RunState:
             delivered=set(self.delivered),
             batches={wf: list(events) for wf, events in self.batches.items()},
             beats=dict(self.beats),
+            held=dict(self.held),
+            queue=list(self.queue),
+            served=dict(self.served),
+            permits=dict(self.permits),
         )
 
     def timers(self) -> set[tuple[int, int]]:
@@ -117,6 +136,9 @@ class RunState:
             out.add((self.deadline_ms, 0))
         if self.next_fire_ms is not None:  # a schedule's next fire
             out.add((self.next_fire_ms, 0))
+        wake = self.next_grant_ms()
+        if wake is not None:  # a limit's rate allows its next grant
+            out.add((wake, 0))
         windows = [b[0].due_ms for b in self.batches.values() if b and b[0].due_ms is not None]
         if windows:  # the first batch window to close (seq -1: an event entity's batches)
             out.add((min(windows), BATCH_SEQ))
@@ -135,6 +157,32 @@ class RunState:
                 ):
                     out.add((due, seq))
         return out
+
+    def can_grant(self, now: int) -> bool:
+        """A limit entity may grant a permit at ``now`` (concurrency and rate allow it)."""
+        lim = self.limit
+        if lim is None:
+            return False
+        if lim.concurrency is not None and len(self.held) >= lim.concurrency:
+            return False
+        wake = self._rate_wake()
+        return wake is None or wake <= now
+
+    def next_grant_ms(self) -> int | None:
+        """When a limit entity with requests waiting for nothing but its rate may grant."""
+        lim = self.limit
+        if not self.queue or lim is None:
+            return None
+        if lim.concurrency is not None and len(self.held) >= lim.concurrency:
+            return None  # a release will grant
+        return self._rate_wake()
+
+    def _rate_wake(self) -> int | None:
+        lim = self.limit
+        if lim is None or not lim.rate:
+            return None
+        interval = 1000 / lim.rate
+        return math.ceil(self.tat_ms - (max(lim.burst, 1) - 1) * interval)
 
     def liveness_due(self, seq: int, started: StepStarted, since: int = 0) -> int | None:
         """When the remote attempt ``started`` times out, unless a heartbeat comes first:

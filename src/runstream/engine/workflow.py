@@ -39,6 +39,7 @@ class StepPolicy:
     timeout: float | None = None
     group: str | None = None  # a remote step: served by the task workers of this group
     heartbeat: float | None = None  # a remote attempt silent this long (s) times out
+    queue: str | None = None  # each attempt needs a permit of this limit (`Registry.queues`)
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before the attempt after ``attempt``."""
@@ -46,6 +47,17 @@ class StepPolicy:
 
 
 DEFAULT_POLICY = StepPolicy()
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A limit on a step queue, global to every engine instance: ``concurrency`` permits
+    held at once, ``rate`` grants per second (up to ``burst`` at once after idling)."""
+
+    name: str
+    concurrency: int | None = None
+    rate: float | None = None
+    burst: int = 1
 
 
 @dataclass(frozen=True)
@@ -104,6 +116,9 @@ class WorkflowDef:
     event_key: Callable[[Any], Any] | None = None  # one run per key of the event payload
     batch: int | None = None  # start one run per this many events (of one name and key)
     window: float | None = None  # ... or once this long after the first, in seconds
+    concurrency_key: Callable[[Any], Any] | None = None  # runs of one key share a limit
+    limit: int = 1  # ... of this many running at once
+    max_queued: int | None = None  # ... and this many waiting; a start beyond fails
 
     def parse_input(self, value: Any) -> Any:
         """The input as the workflow declared it. Raises InvalidInput."""
@@ -134,6 +149,9 @@ def workflow_def(
     key: Callable[[Any], Any] | None = None,
     batch: int | None = None,
     window: float | str | None = None,
+    concurrency_key: Callable[[Any], Any] | None = None,
+    limit: int = 1,
+    max_queued: int | None = None,
 ) -> WorkflowDef:
     """Declare ``fn`` as a workflow (`App.workflow` does this for users).
 
@@ -145,6 +163,12 @@ def workflow_def(
         raise TypeError(f"workflow {fn.__qualname__} must be an async def")
     if (batch is not None or window is not None) and on_event is None:
         raise TypeError(f"workflow {fn.__qualname__}: batch= and window= need on_event=")
+    if (limit != 1 or max_queued is not None) and concurrency_key is None:
+        raise TypeError(f"workflow {fn.__qualname__}: limit= and max_queued= need concurrency_key=")
+    if limit < 1 or (max_queued is not None and max_queued < 0):
+        raise ValueError(
+            f"workflow {fn.__qualname__}: limit must be 1 or more, max_queued 0 or more"
+        )
     if batch is not None and batch < 1:
         raise ValueError(f"workflow {fn.__qualname__}: batch must be 1 or more, not {batch}")
     params = list(inspect.signature(fn).parameters.values())
@@ -175,6 +199,9 @@ def workflow_def(
         event_key=key,
         batch=batch,
         window=None if window is None else seconds(window),
+        concurrency_key=concurrency_key,
+        limit=limit,
+        max_queued=max_queued,
     )
 
 
@@ -189,6 +216,7 @@ class Registry:
 
     workflows: dict[str, dict[str, WorkflowDef]] = field(default_factory=dict)
     steps: dict[Callable[..., Any], StepDef] = field(default_factory=dict)
+    limits: dict[str, Limit] = field(default_factory=dict)  # step queues, by name
     _by_name: dict[str, StepDef] = field(default_factory=dict)
 
     def add_workflow(self, wf: WorkflowDef) -> None:
@@ -236,6 +264,12 @@ class Registry:
         self.steps[sd.fn] = sd
         self._by_name[sd.name] = sd
         return sd
+
+    def limit_of(self, sd: StepDef) -> Limit | None:
+        """The limit a step's attempts need a permit of: its ``queue``'s, else its task
+        group's if a limit of that name is declared."""
+        name = sd.policy.queue or sd.policy.group
+        return self.limits.get(name) if name else None
 
     def groups(self) -> list[str]:
         """The task groups of the remote steps registered here."""

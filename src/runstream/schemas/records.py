@@ -115,6 +115,20 @@ def correlation_id(name: str, key: str) -> str:
     return f"{ENTITY_PREFIX}event/{digest}"
 
 
+def limit_id(name: str, key: str | None = None) -> str:
+    """The id of the entity that keeps limit ``name`` (a step queue), or the concurrency
+    limit of workflow ``name`` for one ``key``: its partition owns the permits."""
+    ent = f"{ENTITY_PREFIX}limit/{name}" + ("" if key is None else f"/{key}")
+    if len(ent.encode()) <= MAX_RUN_ID_BYTES and "\x00" not in ent:
+        return ent
+    digest = hashlib.sha256(f"{name}\x00{key}".encode()).hexdigest()
+    return f"{ENTITY_PREFIX}limit/{digest}"
+
+
+#: The seq of a run's own permit (its workflow's concurrency_key), below any step's.
+RUN_PERMIT_SEQ = -(1 << 31) + 2
+
+
 def schedule_id(name: str) -> str:
     """The id of the entity that keeps schedule ``name`` (`ScheduleCommand`)."""
     return f"{ENTITY_PREFIX}schedule/{name}"
@@ -268,6 +282,39 @@ class ScheduleCommand(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class Acquire(Record):
+    run_id: str  # limit_id(...)
+    holder: str
+    seq: int
+    attempt: int = 1
+    priority: int = 0
+    fairness: str = ""
+    concurrency: int | None = None
+    rate: float | None = None
+    burst: int = 1
+    max_queued: int | None = None
+    sent_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Grant(Record):
+    run_id: str  # the holder
+    seq: int
+    limit: str
+    granted: bool = True
+    reason: str = ""
+    sent_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Release(Record):
+    run_id: str  # limit_id(...)
+    holder: str
+    seq: int
+    sent_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Query(Record):
     run_id: str
     request_id: str
@@ -287,6 +334,9 @@ Command = (
     | Subscribe
     | DeliverEvent
     | ScheduleCommand
+    | Acquire
+    | Grant
+    | Release
     | Query
 )
 COMMANDS: tuple[type[Record], ...] = Command.__args__
@@ -627,6 +677,63 @@ class RetriedAsNew(Record):
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class LimitSet(Record):
+    run_id: str
+    at_ms: int
+    concurrency: int | None = None
+    rate: float | None = None
+    burst: int = 1
+    max_queued: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PermitQueued(Record):
+    run_id: str
+    at_ms: int
+    holder: str
+    seq: int
+    priority: int = 0
+    fairness: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PermitGranted(Record):
+    run_id: str
+    at_ms: int
+    holder: str
+    seq: int
+    fairness: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PermitReleased(Record):
+    run_id: str
+    at_ms: int
+    holder: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class PermitRequested(Record):
+    run_id: str
+    at_ms: int
+    seq: int
+    limit: str
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class PermitReceived(Record):
+    run_id: str
+    at_ms: int
+    seq: int
+    limit: str
+    attempt: int = 1
+    granted: bool = True
+    reason: str = ""
+
+
 Fact = (
     RunStarted
     | RunRejected
@@ -654,6 +761,12 @@ Fact = (
     | ScheduleSet
     | ScheduleFired
     | ScheduleChanged
+    | LimitSet
+    | PermitQueued
+    | PermitGranted
+    | PermitReleased
+    | PermitRequested
+    | PermitReceived
     | RunRecovered
     | CompensationStarted
     | RunParked
@@ -689,6 +802,8 @@ SeqFact = (
     | EventAwaited
     | EventReceived
     | EventTimedOut
+    | PermitRequested
+    | PermitReceived
 )
 
 

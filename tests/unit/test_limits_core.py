@@ -1,0 +1,189 @@
+"""Flow control in the pure core: permits owned by a limit entity (no Kafka).
+
+Commands between runs and limit entities are delivered by `pump`, as Kafka would.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from runstream import App
+from runstream.engine import payload
+from runstream.engine.work import StepJob, StepOutcome
+from runstream.schemas.records import Acquire, Release, limit_id
+
+from .corehelp import Core
+
+app = App("unit")
+app.limit("payments", concurrency=2)
+app.limit("mail", rate=10)  # one grant per 100 ms
+app.limit("export", concurrency=1)
+calls: list[str] = []
+
+
+@app.step(group="payments")
+def charge(order: str) -> str:
+    raise AssertionError("remote")
+
+
+@app.step(queue="mail", retries=0)
+def send(to: str) -> str:
+    calls.append(to)
+    return to
+
+
+@app.step(queue="export", retries=1, backoff=1)
+def export(tenant: str, n: int) -> str:
+    calls.append(f"{tenant}{n}")
+    return tenant
+
+
+@app.workflow
+async def pay(ctx, order: str) -> str:
+    return await ctx.step(charge, order)
+
+
+@app.workflow
+async def mail(ctx, to: str) -> str:
+    return await ctx.step(send, to)
+
+
+@app.workflow
+async def exports(ctx, job: dict) -> str:
+    return await ctx.step(export, job["tenant"], job["n"], **job.get("opts", {}))
+
+
+@app.workflow(concurrency_key=lambda order: order["customer"], limit=1, max_queued=1)
+async def checkout(ctx, order: dict) -> str:
+    await ctx.wait_for_signal("go")
+    return order["id"]
+
+
+def pump(core: Core) -> None:
+    """Deliver the commands runs and entities sent each other, until none is left."""
+    while core.commands:
+        core.command(core.commands.pop(0))
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> None:
+    calls.clear()
+
+
+def test_a_concurrency_limit_holds_across_runs_and_grants_on_release():
+    core = Core(app.registry)
+    for i in range(4):
+        core.start(f"o{i}", "pay", f"order-{i}")
+    pump(core)
+    assert [t.run_id for t in core.tasks] == ["o0", "o1"]  # two permits, two attempts
+    ent = core.state(limit_id("payments"))
+    assert len(ent.held) == 2 and [q.holder for q in ent.queue] == ["o2", "o3"]
+    core.answer(core.tasks[0], "paid")
+    pump(core)  # the release grants the next waiting run
+    assert [t.run_id for t in core.tasks] == ["o0", "o1", "o2"]
+    assert core.state("o0").status == "completed"
+    assert core.names("o2")[:3] == ["RunStarted", "PermitRequested", "PermitReceived"]
+
+
+def test_a_rate_limit_spaces_the_grants():
+    core = Core(app.registry)
+    for i in range(5):
+        core.start(f"m{i}", "mail", f"to-{i}")
+    pump(core)
+    assert calls == ["to-0"]
+    for expected in range(2, 6):
+        core.advance(0.1)
+        pump(core)
+        assert len(calls) == expected
+    grants = core.facts(limit_id("mail"), "PermitGranted")
+    times = [g.at_ms for g in grants]
+    assert [b - a for a, b in itertools.pairwise(times)] == [100] * 4
+
+
+def test_waiting_requests_go_by_priority_then_round_robin_between_fairness_keys():
+    core = Core(app.registry)
+    core.start("first", "exports", {"tenant": "a", "n": 0})  # takes the one permit
+    for n in range(3):
+        core.start(f"a{n}", "exports", {"tenant": "a", "n": n, "opts": {"fairness": "a"}})
+    core.start("b0", "exports", {"tenant": "b", "n": 0, "opts": {"fairness": "b"}})
+    core.start("urgent", "exports", {"tenant": "c", "n": 9, "opts": {"priority": 5}})
+    core.auto_run_steps = False
+    pump(core)
+    order = []
+    for _ in range(6):
+        job = core.queued.pop(0)
+        order.append(job.run_id)
+        core.run_step(job)
+        pump(core)
+    assert order == ["first", "urgent", "a0", "b0", "a1", "a2"]
+
+
+def test_a_failed_attempt_gives_its_permit_back_and_its_retry_asks_again():
+    core = Core(app.registry)
+    core.auto_run_steps = False
+    core.start("x", "exports", {"tenant": "t", "n": 1})
+    core.start("y", "exports", {"tenant": "t", "n": 2})
+    pump(core)
+    job = core.queued.pop(0)
+    core.handle(_failed(job))
+    pump(core)  # x's permit went back: y gets it while x waits for its retry
+    assert [j.run_id for j in core.queued] == ["y"]
+    core.advance(1)
+    pump(core)
+    assert [q.holder for q in core.state(limit_id("export")).queue] == ["x"]
+    core.run_step(core.queued.pop(0))
+    pump(core)
+    assert [j.run_id for j in core.queued] == ["x"] and core.queued[0].attempt == 2
+
+
+def _failed(job: StepJob) -> StepOutcome:
+    return StepOutcome(job.partition, job.run_id, job.seq, job.attempt, False, error="boom")
+
+
+def test_a_run_that_ends_gives_back_its_permits_and_withdraws_its_requests():
+    core = Core(app.registry)
+    core.start("o0", "pay", "a")
+    core.start("o1", "pay", "b")
+    core.start("o2", "pay", "c")
+    pump(core)
+    core.cancel("o0")  # holds a permit
+    core.cancel("o2")  # waits for one
+    releases = [c for c in core.commands if isinstance(c, Release)]
+    assert sorted(r.holder for r in releases) == ["o0", "o2"]
+    pump(core)
+    ent = core.state(limit_id("payments"))
+    assert set(ent.held) == {("o1", 1)} and not ent.queue
+    core.answer(core.tasks[0], "late")  # o0's worker answers after the cancel
+    pump(core)
+    assert set(core.state(limit_id("payments")).held) == {("o1", 1)}
+
+
+def test_a_workflow_concurrency_key_runs_one_per_key_and_refuses_past_max_queued():
+    core = Core(app.registry)
+    core.start("c1", "checkout", {"id": "c1", "customer": "ann"})
+    core.start("c2", "checkout", {"id": "c2", "customer": "ann"})
+    core.start("c3", "checkout", {"id": "c3", "customer": "ann"})
+    core.start("d1", "checkout", {"id": "d1", "customer": "bob"})
+    pump(core)
+    assert core.facts("c1", "SignalAwaited") and core.facts("d1", "SignalAwaited")
+    assert not core.facts("c2", "SignalAwaited")  # waits for c1 to end, no code ran
+    assert core.state("c3").status == "failed"
+    assert core.state("c3").error.startswith("QueueFull: 1 runs wait for ~limit/checkout/ann")
+    core.signal("c1", "go", None)
+    pump(core)
+    assert core.state("c1").status == "completed"
+    assert core.facts("c2", "SignalAwaited")
+
+
+def test_a_grant_is_never_doubled_and_a_request_counts_once():
+    core = Core(app.registry)
+    core.start("o0", "pay", "a")
+    acquire = next(c for c in core.commands if isinstance(c, Acquire))
+    pump(core)
+    core.command(acquire)  # delivered again (a redone transaction's copy)
+    pump(core)
+    assert len(core.facts(limit_id("payments"), "PermitGranted")) == 1
+    assert len(core.tasks) == 1
+    assert payload.loads(core.tasks[0].args) == ["a"]
