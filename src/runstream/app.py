@@ -188,17 +188,20 @@ class App:
         *,
         concurrency: int | None = None,
         rate: float | None = None,
-        burst: int = 1,
+        burst: int | None = None,
     ) -> None:
         """Declare a limit on a step queue (a task group's name, or any name steps give as
         ``queue=``), held across every engine instance: at most ``concurrency`` attempts
-        at once, at most ``rate`` starts per second (``burst`` at once after idling).
+        at once, at most ``rate`` starts per second (``burst`` at once after idling; by
+        default a quarter second's worth, so a busy or late engine loses no throughput).
         Waiting attempts start by their ``priority``, then round robin between their
         ``fairness`` keys, then in order (see `Context.step`)."""
         if concurrency is not None and concurrency < 1:
             raise ValueError(f"limit {name!r}: concurrency must be 1 or more")
         if rate is not None and rate <= 0:
             raise ValueError(f"limit {name!r}: rate must be above 0 per second")
+        if burst is None:
+            burst = max(1, round(rate / 4)) if rate else 1
         if burst < 1:
             raise ValueError(f"limit {name!r}: burst must be 1 or more")
         self.registry.limits[name] = Limit(name, concurrency, rate, burst)
