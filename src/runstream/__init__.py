@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from runstream.app import App
     from runstream.client import Client, RunInfo
     from runstream.engine.replay import Context
+    from runstream.engine.steps import StepContext
     from runstream.errors import (
         CommandNotDelivered,
         InvalidInput,
@@ -69,6 +70,7 @@ _HOME = {
     "RunInfo": "runstream.client",
     "Context": "runstream.engine.replay",
     "Settings": "runstream.settings",
+    "StepContext": "runstream.engine.steps",
     "Worker": "runstream.worker",
     **dict.fromkeys(_ERRORS, "runstream.errors"),
 }
@@ -91,6 +93,7 @@ __all__ = [
     "RunstreamError",
     "Settings",
     "SignalTimeout",
+    "StepContext",
     "StepError",
     "StepTimeout",
     "TerminalStepError",

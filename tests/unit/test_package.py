@@ -30,6 +30,7 @@ def test_public_names_are_pinned():
         "RunstreamError",
         "Settings",
         "SignalTimeout",
+        "StepContext",
         "StepError",
         "StepTimeout",
         "TerminalStepError",

@@ -27,6 +27,8 @@ from runstream.cli.replay_cmd import replay_cmd
 from runstream.cli.runs_cmd import runs, versions
 from runstream.cli.runs_ops import cancel_where, resume, retry
 from runstream.cli.schedules_cmd import schedules
+from runstream.cli.tasks_cmd import tasks
+from runstream.cli.tasks_status import status as tasks_status
 from runstream.cli.topics_cmd import topics
 from runstream.errors import RunstreamError
 from runstream.instance import read_health
@@ -71,6 +73,8 @@ cli.add_command(versions)
 cli.add_command(replay_cmd)
 cli.add_command(dlq)
 cli.add_command(schedules)
+cli.add_command(tasks)
+tasks.add_command(tasks_status)
 
 
 def load_app(target: str) -> Any:
@@ -249,6 +253,7 @@ def get_run(run_id: str, namespace: str, bootstrap: str | None, tree: bool) -> N
         if not tree:
             click.echo(client.get_run(run_id).model_dump_json(indent=2))
             return
+
         def grow(node: Tree, child_id: str, depth: int) -> None:
             info = client.get_run(child_id)
             branch = node.add(f"{info.run_id}  {info.workflow}  [bold]{info.status}[/bold]")

@@ -252,21 +252,25 @@ class Decider:
                 reason, self.rules.journal_topic, p, -1, key, None, run_id, b.now, code
             )
         else:
-            # Copy what fits: the original stays on its topic at (partition, offset).
-            key = rec.key if rec.key is None or len(rec.key) <= 1024 else None
-            value = rec.value if len(rec.value or b"") <= self.limits.payload else None
-            if value is None and rec.value:
-                reason += f" (the {len(rec.value):,}-byte value is not copied here)"
-            letter = DeadLetter(
-                reason,
-                rec.topic,
-                rec.partition,
-                rec.offset,
-                key,
-                value,
-                run_id,
-                b.now,
-                code,
-                redrives_of(rec.headers),  # an operator's redrive failed again: count it
-            )
+            letter = dead_letter(rec, code, reason, self.limits, b.now, run_id)
         b.effects.dead_letters.append(letter)
+
+
+def dead_letter(
+    rec: LogRecord,
+    code: Reason,
+    reason: str,
+    limits: Limits,
+    now: int,
+    run_id: str | None = None,
+) -> DeadLetter:
+    """The dead letter of a consumed record: what fits of it is copied (the original
+    stays on its topic at its partition and offset)."""
+    key = rec.key if rec.key is None or len(rec.key) <= 1024 else None
+    value = rec.value if len(rec.value or b"") <= limits.payload else None
+    if value is None and rec.value:
+        reason += f" (the {len(rec.value):,}-byte value is not copied here)"
+    redrives = redrives_of(rec.headers)  # an operator's redrive failed again: count it
+    return DeadLetter(
+        reason, rec.topic, rec.partition, rec.offset, key, value, run_id, now, code, redrives
+    )

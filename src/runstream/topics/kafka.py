@@ -176,6 +176,21 @@ def consume_ready(consumer: Consumer, timeout: float, limit: int = 500) -> list[
     return [] if first is None else [first, *consumer.consume(limit - 1, 0)]
 
 
+def consume_records(consumer: Consumer, timeout: float, limit: int, what: str) -> list[LogRecord]:
+    """`consume_ready`'s records; an error is logged (``what`` says whose), a fatal one
+    raised as KafkaFatal."""
+    records = []
+    for msg in consume_ready(consumer, timeout, limit):
+        err = msg.error()
+        if err is None:
+            records.append(as_record(msg))
+        elif err.fatal():
+            raise KafkaFatal(f"{what}: {err}")
+        else:
+            log.warning("%s: %s", what, err)
+    return records
+
+
 class KafkaLog:
     """An engine instance's view of Kafka (see `topics.base.EngineLog`).
 
@@ -285,16 +300,7 @@ class KafkaLog:
 
     # -- consuming -------------------------------------------------------------------
     def poll(self, timeout: float, limit: int) -> list[LogRecord]:
-        records = []
-        for msg in consume_ready(self._consumer, timeout, limit):
-            err = msg.error()
-            if err is None:
-                records.append(as_record(msg))
-            elif err.fatal():
-                raise KafkaFatal(f"consumer: {err}")
-            else:
-                log.warning("consume error: %s", err)
-        return records
+        return consume_records(self._consumer, timeout, limit, "consumer")
 
     def _tps(self, partitions: Iterable[int]) -> list[TopicPartition]:
         return [TopicPartition(self.topics.commands, p) for p in partitions]
