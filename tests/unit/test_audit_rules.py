@@ -305,3 +305,42 @@ def test_a_run_that_waits_for_nothing_is_stuck():
     assert check_run([started(), *step(1)]) == [
         "the run has not finished and waits for nothing (stuck)"
     ]
+
+
+# -- permits and limits ------------------------------------------------------------------
+
+
+def test_the_audit_follows_permits_through_a_limit_and_its_runs():
+    from .test_limits_core import app as limited
+    from .test_limits_core import pump
+
+    core = Core(limited.registry)
+    for i in range(3):
+        core.start(f"o{i}", "pay", f"order-{i}")
+    pump(core)
+    assert check_run(facts_of(core, "o2")) == []  # waits for a permit: not stuck
+    run = RunCheck("o2")
+    for i, f in enumerate(facts_of(core, "o2")):
+        run.add(f, i)
+    assert run.finish() == "suspended: waiting for a permit"
+    core.answer(core.tasks[0], "paid")
+    pump(core)
+    for run_id in ("o0", "o1", "o2", "~limit/payments"):
+        assert check_run(facts_of(core, run_id)) == [], run_id
+
+
+def test_the_audit_sees_a_limit_holding_more_permits_than_it_may():
+    limit = [
+        fact("LimitSet", run_id="~limit/q", concurrency=1),
+        fact("PermitGranted", run_id="~limit/q", holder="a", seq=1),
+        fact("PermitGranted", run_id="~limit/q", holder="b", seq=1),
+    ]
+    assert check_run(limit) == ["2 permits held, over its concurrency 1 @2"]
+    twice = [*limit[:2], fact("PermitReleased", run_id="~limit/q", holder="a", seq=1)]
+    twice += [limit[1], limit[1]]
+    assert check_run(twice) == ["permit of 'a' seq 1 granted twice @4"]
+
+
+def test_the_audit_refuses_a_permit_nobody_asked_for():
+    facts = [started(), fact("PermitReceived", seq=1, limit="~limit/q"), completed()]
+    assert check_run(facts) == ["PermitReceived at seq 1 with no PermitRequested @1"]

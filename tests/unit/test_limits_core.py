@@ -18,7 +18,7 @@ from .corehelp import Core
 
 app = App("unit")
 app.limit("payments", concurrency=2)
-app.limit("mail", rate=10)  # one grant per 100 ms
+app.limit("mail", rate=10, burst=1)  # one grant per 100 ms, none ahead
 app.limit("export", concurrency=1)
 calls: list[str] = []
 
@@ -100,6 +100,21 @@ def test_a_rate_limit_spaces_the_grants():
     grants = core.facts(limit_id("mail"), "PermitGranted")
     times = [g.at_ms for g in grants]
     assert [b - a for a, b in itertools.pairwise(times)] == [100] * 4
+
+
+def test_a_rate_limit_lets_its_burst_through_at_once_after_idling():
+    bursty = App("unit")
+    bursty.limit("mail", rate=10, burst=3)
+    bursty.registry.add_workflow(app.registry.latest("mail"))
+    bursty.registry.add_step(app.registry.step(send))
+    core = Core(bursty.registry)
+    for i in range(5):
+        core.start(f"m{i}", "mail", f"to-{i}")
+    pump(core)
+    assert calls == ["to-0", "to-1", "to-2"]
+    core.advance(0.1)
+    pump(core)
+    assert len(calls) == 4
 
 
 def test_waiting_requests_go_by_priority_then_round_robin_between_fairness_keys():

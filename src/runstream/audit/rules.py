@@ -18,6 +18,10 @@ Per run (ARCHITECTURE.md section 7):
   ended run may also name, once, the new run it was retried as (RetriedAsNew);
 - an awaited child (ChildStarted) stays open until its ChildEnded; a fire-and-forget one,
   and a child that could not start (ChildEnded ``rejected``), settle their seq at once;
+- a PermitReceived answers the run's PermitRequested of that seq, and a run waiting for
+  a permit is suspended for it;
+- a limit entity (``~limit/...``) never holds more permits than its concurrency, grants
+  each request once, and takes back only permits it granted or requests it queued;
 - every dead run has a ``run-dead`` record on the dlq;
 - a run that has not finished is suspended for a reason: a step in flight, a retry
   scheduled, an open timer, an open signal wait, or parked (or it was only rejected).
@@ -41,6 +45,11 @@ from runstream.schemas.records import (
     EventReceived,
     EventTimedOut,
     Fact,
+    LimitSet,
+    PermitGranted,
+    PermitReceived,
+    PermitReleased,
+    PermitRequested,
     RetriedAsNew,
     RunParked,
     RunRecovered,
@@ -70,6 +79,7 @@ _WAITS = {
     "ChildStarted": "child running",
     "EventAwaited": "open event wait",
 }
+_PERMIT_WAIT = "waiting for a permit"
 _WAIT_ORDER = (
     "step in flight",
     "retry scheduled",
@@ -77,6 +87,7 @@ _WAIT_ORDER = (
     "open signal wait",
     "open event wait",
     "child running",
+    _PERMIT_WAIT,
 )
 # What a settling fact may settle, and which ones need it open.
 _OPENED_BY = {
@@ -139,10 +150,13 @@ class RunCheck:
         "facts",
         "failed_attempt",
         "first",
+        "held",
         "key",
+        "limit",
         "open",
         "parked",
         "partition",
+        "permits",
         "problems",
         "recovering",
         "retried_as",
@@ -176,6 +190,10 @@ class RunCheck:
         self.failed_attempt: dict[int, int] = {}  # seq -> attempt of its final StepFailed
         self.entity = run_id.startswith(ENTITY_PREFIX)  # ~event/...: not a run
         self.retried_as = False  # a RetriedAsNew was seen
+        self.permits: dict[int, int] = {}  # seq -> position of its open PermitRequested
+        # a limit entity: its concurrency, and the permits it holds out (holder, seq)
+        self.limit: int | None = None
+        self.held: set[tuple[str, int]] = set()
 
     def _bad(self, message: str, *positions: int) -> None:
         self.problems.append((message, positions))
@@ -184,8 +202,9 @@ class RunCheck:
         """Check one fact against what the run's earlier facts allow."""
         name = type(fact).__name__
         self.facts += 1
-        if self.entity:  # an event correlation entity: no run, none of the run rules
+        if self.entity:  # an event, schedule or limit entity: no run, none of the run rules
             self.first = self.first or name
+            self._limit(fact, pos)
             return
         if self.first is None or (self.first == "RunRejected" and self.starts == 0):
             self.first = name
@@ -265,6 +284,13 @@ class RunCheck:
                     self._bad("RunRejected after the run started", pos)
             case RunParked():
                 self.parked = True
+            case PermitRequested():
+                if fact.seq in self.permits:
+                    self._bad(f"a second PermitRequested at seq {fact.seq}", pos)
+                self.permits[fact.seq] = pos
+            case PermitReceived():
+                if self.permits.pop(fact.seq, None) is None:
+                    self._bad(f"PermitReceived at seq {fact.seq} with no PermitRequested", pos)
             case _ if type(fact) in END_FACTS:
                 self.status, self.terminal_at = END_FACTS[type(fact)], pos
                 self._close()
@@ -370,6 +396,22 @@ class RunCheck:
         )
         return True
 
+    def _limit(self, fact: Fact, pos: int) -> None:
+        """The permits of a limit entity (`engine.rules`: acquire, release)."""
+        match fact:
+            case LimitSet(concurrency=concurrency):
+                self.limit = concurrency
+            case PermitGranted(holder=holder, seq=seq):
+                if (holder, seq) in self.held:
+                    self._bad(f"permit of {holder!r} seq {seq} granted twice", pos)
+                self.held.add((holder, seq))
+                if self.limit is not None and len(self.held) > self.limit:
+                    self._bad(
+                        f"{len(self.held)} permits held, over its concurrency {self.limit}", pos
+                    )
+            case PermitReleased(holder=holder, seq=seq):
+                self.held.discard((holder, seq))  # or a waiting request withdrawn
+
     def _close(self) -> None:
         """Check the sequence numbers, then drop what only an open run needs."""
         used = [s for s in self.seqs if s > 0]
@@ -393,6 +435,8 @@ class RunCheck:
         if self.starts == 0 and self.first == "RunRejected":
             return "rejected"
         kinds = {_WAITS[kind] for kind, _, _ in self.open.values()}
+        if self.permits:
+            kinds.add(_PERMIT_WAIT)
         return next((w for w in _WAIT_ORDER if w in kinds), None)
 
     def finish(self, expect_finished: bool = False) -> str:
@@ -401,7 +445,7 @@ class RunCheck:
         if self.first is None:
             return "empty"
         if self.entity:
-            return "event correlation"
+            return "entity"
         if self.after_end:
             shown = ", ".join(f"{n}@{p}" for n, p in self.after_end[:5])
             more = f" and {len(self.after_end) - 5} more" if len(self.after_end) > 5 else ""
