@@ -1,8 +1,9 @@
 """The Runstream demo: a local Kafka, one engine process, two orders end to end.
 
 Order A goes through steps, a durable sleep and a human approval (a signal); order B
-is declined at the card, so its stock reservation is compensated. Every lifecycle
-event is printed as it streams from Kafka.
+is declined at the card, so its stock reservation is compensated. The card is charged
+by a remote step, which a task worker process serves. Every lifecycle event is printed
+as it streams from Kafka.
 
     python examples/demo.py            # starts (and stops) its own local broker
     KAFKA_BOOTSTRAP_SERVERS=host:port python examples/demo.py
@@ -78,7 +79,7 @@ def main() -> None:
         bootstrap = broker.start()
         print(f"Kafka is up at {bootstrap}", flush=True)
     ns = f"shop-demo-{uuid.uuid4().hex[:6]}"
-    ensure_topics(bootstrap, ns, partitions=4)
+    ensure_topics(bootstrap, ns, partitions=4, task_groups=["payments"])
     env = {
         **os.environ,
         "RUNSTREAM_DEMO_NS": ns,
@@ -100,6 +101,21 @@ def main() -> None:
                 "--state-dir",
                 str(work / "state"),
             ],
+            env=env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    worker_log = work / "task-worker.log"
+    print(
+        f"Starting a task worker for group 'payments', which runs the remote step "
+        f"charge_card (log: {worker_log})...",
+        flush=True,
+    )
+    with worker_log.open("wb") as out:
+        serve = ["tasks", "serve", "examples.shop:app", "--group", "payments"]
+        task_worker = subprocess.Popen(
+            [sys.executable, "-m", "runstream", *serve, "--concurrency", "4"],
             env=env,
             cwd=ROOT,
             stdout=out,
@@ -131,8 +147,9 @@ def main() -> None:
     finally:
         stop.set()
         tail.join(5)
-        engine.terminate()
-        engine.wait(30)
+        for proc in (task_worker, engine):
+            proc.terminate()
+            proc.wait(30)
         if broker is not None:
             broker.stop()
     print(f"\n{outcome_a}\n{outcome_b}", flush=True)

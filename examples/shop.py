@@ -1,7 +1,9 @@
-"""An order workflow: steps with retries, a durable sleep, a signal, compensations.
+"""An order workflow: steps with retries, a remote step, a durable sleep, a signal,
+compensations.
 
-Run an engine for it with `runstream worker examples.shop:app`; `examples/demo.py`
-does everything (broker, engine, runs) in one go.
+Run an engine for it with `runstream worker examples.shop:app`, and a task worker for
+its remote step with `runstream tasks serve examples.shop:app --group payments`;
+`examples/demo.py` does everything (broker, engine, task worker, runs) in one go.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def release_stock(order: Order) -> None:
     pass
 
 
-@app.step(retries=2, non_retryable=(ValueError,))
+# A remote step: served by the task workers of group "payments", not by the engine.
+@app.step(group="payments", retries=2, non_retryable=(ValueError,), timeout="30s")
 def charge_card(order: Order) -> str:
     if order.amount > 1000:
         raise ValueError(f"card declined: {order.amount} is over the limit")
