@@ -18,7 +18,7 @@ from typing import Any
 
 # The harness (and with it runstream) is imported only when a workload runs, so that
 # `compare`, which only starts subprocesses, does not load the engine's code.
-WORKLOADS = ("floor", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W9")
+WORKLOADS = ("floor", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9")
 
 
 def _functions() -> dict[str, Callable[..., Any]]:
@@ -33,6 +33,7 @@ def _functions() -> dict[str, Callable[..., Any]]:
         "W5": workloads.w5,
         "W6": workloads.w6,
         "W7": workloads.w7,
+        "W8": workloads.w8,
         "W9": workloads.w9,
     }
 

@@ -69,3 +69,25 @@ async def sleeper(ctx: runstream.Context, seconds: float) -> str:
     """W7: one durable timer, then complete."""
     await ctx.sleep(seconds)
     return "woke"
+
+
+# -- W8: the W1 workflow with its three steps served by a separate task-worker process
+# (`runstream tasks serve benchmarks.flows:remote_app --group bench`). Its own App, so the
+# engines of the other workloads declare no task group; the workflow keeps the name "w1",
+# so the W1/W2 measurements (and the harness's warm-up runs) apply to it unchanged.
+
+REMOTE_GROUP = "bench"
+remote_app = runstream.App(os.environ.get("RUNSTREAM_BENCH_NS", "bench"))
+
+
+@remote_app.step(group=REMOTE_GROUP, name="add_one")
+def add_one_remote(x: int) -> int:
+    return x + 1
+
+
+@remote_app.workflow(name="w1")
+async def w1_remote(ctx: runstream.Context, x: int) -> int:
+    """W8: three sequential remote steps, each adds one."""
+    x = await ctx.step(add_one_remote, x)
+    x = await ctx.step(add_one_remote, x)
+    return await ctx.step(add_one_remote, x)

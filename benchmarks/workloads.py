@@ -4,9 +4,13 @@ returns the JSON record and the one-line summary."""
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import re
 import shutil
 import statistics
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -18,6 +22,8 @@ import runstream
 from runstream.engine import payload
 
 from .harness import (
+    RESULTS,
+    ROOT,
     Bench,
     BenchError,
     Engine,
@@ -31,6 +37,8 @@ from .harness import (
     log,
     run_ids_per_partition,
     spread,
+    tail,
+    wait_ready,
 )
 
 STEPS_PER_RUN = 3  # the W1 workflow
@@ -928,4 +936,203 @@ def w9(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
     )
     if "growth" in summary:
         line += f"; cost per step x{summary['growth']['ratio']} from {sizes[0]} to {sizes[-1]}"
+    return record, line
+
+
+# ----------------------------------------------------------------- W8
+
+
+class _RemoteEngine(Engine):
+    """An engine instance of ``benchmarks.flows:remote_app``: w1 with remote steps."""
+
+    @property
+    def command(self) -> list[str]:
+        cmd = super().command  # [python, -m, runstream, worker, benchmarks.flows:app, ...]
+        return [*cmd[:4], "benchmarks.flows:remote_app", *cmd[5:]]
+
+
+class _TaskWorkerProcess(Engine):
+    """``runstream tasks serve benchmarks.flows:remote_app --group bench``: one task-worker
+    process, sampled apart from the engines (RSS and CPU group ``taskworker``)."""
+
+    def __init__(self, bench: Bench, ns: str, concurrency: int) -> None:
+        super().__init__(bench, ns, "tasks-1", bench.state_dir(ns))
+        self.concurrency = concurrency
+
+    @property
+    def command(self) -> list[str]:
+        from .flows import REMOTE_GROUP
+
+        return [
+            sys.executable,
+            "-m",
+            "runstream",
+            "tasks",
+            "serve",
+            "benchmarks.flows:remote_app",
+            "--group",
+            REMOTE_GROUP,
+            "--concurrency",
+            str(self.concurrency),
+        ]
+
+    def start(self) -> _TaskWorkerProcess:
+        from runstream.supervisor import die_with_parent
+
+        env = {
+            **os.environ,
+            "RUNSTREAM_BENCH_NS": self.ns,
+            "RUNSTREAM_BOOTSTRAP_SERVERS": self.bench.bootstrap,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
+        logfile = self.bench.work / f"{self.ns}.{self.instance}.log"
+        self.logs.append(logfile)
+        with open(logfile, "ab") as out:
+            self.proc = subprocess.Popen(
+                self.command,
+                env=env,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent,  # SIGKILL when the harness dies
+            )
+        self.pids.append(self.proc.pid)
+        self.bench.sampler.track("taskworker", self.proc.pid)
+        return self
+
+
+#: W8's task worker: `runstream tasks serve`'s default concurrency.
+W8_CONCURRENCY = 16
+
+
+@contextlib.contextmanager
+def remote_processes(bench: Bench, ns: str, rep: dict[str, Any]) -> Iterator[None]:
+    """W8: a task-worker process serving group ``bench`` and one engine instance of
+    ``remote_app``, ready (the harness's warm-up runs went through both); stopped
+    afterwards, with their exit codes, CPU time, log problems and peak RSS in ``rep``."""
+    bench.sampler.reset()
+    began = time.perf_counter()
+    worker = _TaskWorkerProcess(bench, ns, W8_CONCURRENCY).start()
+    try:
+        engine = _RemoteEngine(bench, ns, "bench-1", bench.state_dir(ns)).start()
+        wait_ready(bench, ns, [engine])
+        if not worker.alive():
+            raise BenchError("the task worker exited during start-up:\n" + tail(worker.log_text()))
+        rep["ready_s"] = round(time.perf_counter() - began, 2)
+        yield
+    finally:
+        bench.sampler.sample()
+        rep["engine_cpu_s"] = round(bench.sampler.cpu_seconds("engine"), 2)
+        rep["task_worker_cpu_s"] = round(bench.sampler.cpu_seconds("taskworker"), 2)
+        rep["peak_rss_mb"] = bench.sampler.peaks_mb()
+        rep["engine_exit_codes"] = [e.stop() for e in bench.engines]
+        rep["task_worker_exit_code"] = worker.stop()
+        problems = [p for e in [*bench.engines, worker] for p in e.problems()]
+        if problems:
+            rep["log_problems"] = problems
+        bench.engines = []
+        rep["dlq_end_offsets"] = _end_offset_sum(bench.bootstrap, f"{ns}.dlq")
+
+
+def _w8_latency(client: runstream.Client, warmup: int, runs: int) -> dict[str, Any]:
+    """As W1: sequential runs, from before start() until result() returned."""
+    lat, wrong = [], 0
+    for i in range(warmup + runs):
+        t0 = time.perf_counter()
+        rid = client.start("w1", 1)
+        out = client.result(rid, timeout=60)
+        dt = (time.perf_counter() - t0) * 1000
+        wrong += out != 4
+        if i >= warmup:
+            lat.append(dt)
+    return {"latency_ms": latency_stats(lat), "wrong_results": wrong}
+
+
+def _local_figures() -> dict[str, Any]:
+    """The medians of the last W1 and W2 results (benchmarks/results/), to set W8 beside."""
+    out: dict[str, Any] = {}
+    for name, path in (("W1", ("latency_ms", "p50")), ("W2", ("runs_per_s",))):
+        try:
+            data = json.loads((RESULTS / f"{name}.json").read_text())
+            value = data["summary"]
+            for key in path:
+                value = value[key]
+            out[name] = {"median": value["median"], "date": data["date"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            out[name] = None
+    return out
+
+
+def w8(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
+    """W1 and W2 with the three steps remote, served by one task-worker process."""
+    runs1, runs2 = args.runs or 200, args.runs or 2000
+    warmup, in_flight = (20 if args.warmup is None else args.warmup), args.in_flight or 64
+    record = base_record(bench, "W8", "remote steps: W1 and W2 served by a task worker", argv)
+    record["instances"] = {"engines": 1, "task_workers": 1}
+    record["params"] = {
+        "w1_runs": runs1,
+        "w1_warmup": warmup,
+        "w2_runs": runs2,
+        "w2_in_flight": in_flight,
+        "repeat": args.repeat,
+        "task_worker_concurrency": W8_CONCURRENCY,
+        "workflow": "remote_app's w1: 3 sequential remote steps (x + 1), group 'bench', "
+        "served by `runstream tasks serve benchmarks.flows:remote_app --group bench`",
+        "measure": "W8-W1 as W1 and W8-W2 as W2, each on its own fresh namespace with a "
+        "fresh engine process and task-worker process",
+    }
+    reps = []
+    for r in range(args.repeat):
+        ns = bench.namespace("W8-W1", r)
+        _settings(record, bench, ns)
+        rep1 = _new_rep(ns, r) | {"part": "W1"}
+        reps.append(rep1)
+        with remote_processes(bench, ns, rep1), runstream.Client(ns, bench.bootstrap) as client:
+            rep1.update(_w8_latency(client, warmup, runs1))
+        ns = bench.namespace("W8-W2", r)
+        rep2 = _new_rep(ns, r) | {"part": "W2"}
+        reps.append(rep2)
+        with remote_processes(bench, ns, rep2):
+            rep2.update(throughput(bench, ns, runs2, in_flight, f"w8-{r}-"))
+        log(
+            f"W8 repeat {r + 1}: W1 p50 {rep1['latency_ms']['p50']:.1f} ms, "
+            f"W2 {rep2['runs_per_s']} runs/s"
+        )
+    _record_common(record, reps)
+    lat = [rep for rep in reps if rep["part"] == "W1"]
+    thr = [rep for rep in reps if rep["part"] == "W2"]
+    summary: dict[str, Any] = {
+        "latency_ms": {
+            k: spread(rep["latency_ms"][k] for rep in lat) for k in ("p50", "p90", "p99", "mean")
+        },
+        **{k: spread(rep[k] for rep in thr) for k in ("runs_per_s", "steps_per_s", "wall_s")},
+    }
+    local = _local_figures()
+    p50, rps = summary["latency_ms"]["p50"], summary["runs_per_s"]
+    summary["beside_local"] = {
+        "definition": "W8-W2 runs/s as a share of W2 runs/s, and W8-W1 p50 over W1 p50 "
+        "(medians; W1 and W2 as last written to benchmarks/results/: run them in the same "
+        "invocation, `python -m benchmarks W1 W2 W8`)",
+        "W1": local["W1"],
+        "W2": local["W2"],
+        "w2_share": round(rps["median"] / local["W2"]["median"], 3)
+        if rps and local["W2"]
+        else None,
+        "w1_p50_ratio": round(p50["median"] / local["W1"]["median"], 2)
+        if p50 and local["W1"]
+        else None,
+    }
+    record["summary"] = summary
+    record = finish_record(record)
+    beside = summary["beside_local"]
+    line = (
+        f"W8: W1 p50 {fmt_spread(p50, ' ms')}, p99 "
+        f"{fmt_spread(summary['latency_ms']['p99'], ' ms')}; W2 {fmt_spread(rps, ' runs/s')}, "
+        f"{fmt_spread(summary['steps_per_s'], ' steps/s', 0)}; x {args.repeat}"
+    )
+    if beside["w2_share"] is not None:
+        line += f"; W2 at {beside['w2_share']:.0%} of local"
+    if beside["w1_p50_ratio"] is not None:
+        line += f", W1 p50 {beside['w1_p50_ratio']}x local"
     return record, line
