@@ -1,7 +1,9 @@
 """Flow control on the real broker: limits hold across engine instances.
 
 Two engine instances run in this process, so the step bodies of both can count what
-runs at once and when each starts: the limits are global, not per instance.
+runs at once and when each starts: the limits are global, not per instance. Each limit
+is tested on local steps and on remote ones (a task group's own limit), whose bodies
+two task workers, also in this process, run.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def _app(ns: str, bootstrap: str, gauge: Gauge) -> runstream.App:
     app = runstream.App(ns, bootstrap)
     app.limit("narrow", concurrency=5)
     app.limit("paced", rate=50)
+    app.limit("narrowtasks", concurrency=5)  # the limits of these task groups
+    app.limit("pacedtasks", rate=50)
 
     @app.step(queue="narrow")
     def slow(n: int) -> int:
@@ -54,6 +58,14 @@ def _app(ns: str, bootstrap: str, gauge: Gauge) -> runstream.App:
         with gauge:
             return n
 
+    @app.step(group="narrowtasks")
+    def slow_task(n: int) -> int:
+        return slow(n)
+
+    @app.step(group="pacedtasks")
+    def ping_task(n: int) -> int:
+        return ping(n)
+
     @app.workflow
     async def narrow(ctx: runstream.Context, n: int) -> int:
         return await ctx.step(slow, n)
@@ -61,6 +73,14 @@ def _app(ns: str, bootstrap: str, gauge: Gauge) -> runstream.App:
     @app.workflow
     async def paced(ctx: runstream.Context, n: int) -> int:
         return await ctx.step(ping, n)
+
+    @app.workflow
+    async def narrow_remote(ctx: runstream.Context, n: int) -> int:
+        return await ctx.step(slow_task, n)
+
+    @app.workflow
+    async def paced_remote(ctx: runstream.Context, n: int) -> int:
+        return await ctx.step(ping_task, n)
 
     @app.workflow(concurrency_key=lambda order: order["customer"], max_queued=2)
     async def checkout(ctx: runstream.Context, order: dict) -> str:
@@ -97,24 +117,33 @@ def flow(kafka_bootstrap, ns, tmp_path):
     app = _app(ns, kafka_bootstrap, gauge)
     engines = _engines(app, tmp_path, ns)
     client = wait_for(lambda: _client(ns, kafka_bootstrap), what="the engines' topics")
+    workers = [app.task_worker(g, concurrency=16) for g in ("narrowtasks", "pacedtasks")]
+    threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
+    for thread in threads:
+        thread.start()
     yield client, gauge
     client.close()
+    for worker, thread in zip(workers, threads, strict=True):
+        worker.stop()
+        thread.join(30)
     for engine in engines:
         engine.stop()
 
 
-def test_a_concurrency_limit_of_5_is_never_exceeded_across_two_instances(flow):
+@pytest.mark.parametrize("workflow", ["narrow", "narrow_remote"])
+def test_a_concurrency_limit_of_5_is_never_exceeded_across_two_instances(flow, workflow):
     client, gauge = flow
-    run_ids = [client.start("narrow", n, run_id=f"n{n}") for n in range(100)]
+    run_ids = [client.start(workflow, n, run_id=f"n{n}") for n in range(100)]
     done = results(client, run_ids, timeout=120)
     assert done == {f"n{n}": n for n in range(100)}
     assert len(gauge.began) == 100
     assert gauge.most == 5  # reached, never passed
 
 
-def test_a_rate_limit_of_50_per_second_over_1000_steps_holds_within_10_percent(flow):
+@pytest.mark.parametrize("workflow", ["paced", "paced_remote"])
+def test_a_rate_limit_of_50_per_second_over_1000_steps_holds_within_10_percent(flow, workflow):
     client, gauge = flow
-    run_ids = [client.start("paced", n, run_id=f"p{n}") for n in range(1000)]
+    run_ids = [client.start(workflow, n, run_id=f"p{n}") for n in range(1000)]
     done = results(client, run_ids, timeout=180)
     assert done == {f"p{n}": n for n in range(1000)}
     began = sorted(gauge.began)
