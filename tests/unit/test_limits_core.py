@@ -10,9 +10,10 @@ import itertools
 import pytest
 
 from runstream import App
+from runstream.audit.rules import check_run
 from runstream.engine import payload
 from runstream.engine.work import StepJob, StepOutcome
-from runstream.schemas.records import Acquire, Release, limit_id
+from runstream.schemas.records import Acquire, Release, Retry, limit_id
 
 from .corehelp import Core
 
@@ -59,6 +60,21 @@ async def exports(ctx, job: dict) -> str:
 async def checkout(ctx, order: dict) -> str:
     await ctx.wait_for_signal("go")
     return order["id"]
+
+
+@app.step(retries=0)
+def flaky(n: int) -> int:
+    if n in calls:
+        return n
+    calls.append(n)
+    raise RuntimeError("not yet")
+
+
+@app.workflow(concurrency_key=lambda job: job["key"])
+async def once(ctx, job: dict) -> int:
+    if job.get("hold"):
+        await ctx.wait_for_signal("go")
+    return await ctx.step(flaky, job["n"])
 
 
 def pump(core: Core) -> None:
@@ -202,3 +218,22 @@ def test_a_grant_is_never_doubled_and_a_request_counts_once():
     assert len(core.facts(limit_id("payments"), "PermitGranted")) == 1
     assert len(core.tasks) == 1
     assert payload.loads(core.tasks[0].args) == ["a"]
+
+
+def test_a_retried_run_asks_its_concurrency_key_for_a_permit_again():
+    core = Core(app.registry)
+    core.start("j1", "once", {"key": "k", "n": 1})
+    pump(core)
+    assert core.state("j1").status == "failed"  # and its permit went back
+    core.start("j2", "once", {"key": "k", "n": 2, "hold": True})  # takes the one permit
+    pump(core)
+    core.command(Retry("j1"))
+    pump(core)
+    assert core.state("j1").status == "running"  # waits for j2, running no code
+    assert [q.holder for q in core.state(limit_id("once", "k")).queue] == ["j1"]
+    core.signal("j2", "go", None)
+    pump(core)
+    assert core.state("j2").status == "failed"  # its step fails once too: j1 goes on
+    assert core.state("j1").status == "completed"
+    assert core.names("j1").count("PermitRequested") == 2
+    assert all(check_run(core.facts(r)) == [] for r in ("j1", "j2", limit_id("once", "k")))

@@ -155,7 +155,7 @@ class Rules:
                 self.signal(b, st, self._start_signal(st, cmd))
             return
         wf = self._checked(cmd.workflow, cmd.version, cmd.input)
-        permit = self._run_permit(wf, cmd) if wf is not None else None
+        permit = self._run_permit(wf, cmd.run_id, cmd.input) if wf is not None else None
         version = cmd.version or (wf.version if wf else "")
         timeout_ms = cmd.timeout_ms
         if timeout_ms is None and wf is not None and wf.timeout is not None:
@@ -184,21 +184,19 @@ class Rules:
             return
         self._advance(b, st)
 
-    def _run_permit(self, wf: WorkflowDef, cmd: StartRun) -> Acquire | None:
+    def _run_permit(self, wf: WorkflowDef, run_id: str, data: bytes) -> Acquire | None:
         """The permit a run of ``wf`` needs before it runs (its ``concurrency_key``)."""
         if wf.concurrency_key is None:
             return None
         try:
-            key = wf.concurrency_key(wf.parse_input(payload.loads(cmd.input)))
+            key = wf.concurrency_key(wf.parse_input(payload.loads(data)))
         except Exception as exc:
             raise Rejected(
                 Reason.INVALID_INPUT,
                 f"the concurrency_key of workflow {wf.name!r} failed on this input: {exc!r}",
             ) from exc
         ent = limit_id(wf.name, str(key))
-        return Acquire(
-            ent, cmd.run_id, RUN_PERMIT_SEQ, concurrency=wf.limit, max_queued=wf.max_queued
-        )
+        return Acquire(ent, run_id, RUN_PERMIT_SEQ, concurrency=wf.limit, max_queued=wf.max_queued)
 
     @staticmethod
     def _start_signal(st: RunState, cmd: StartRun) -> Signal:
@@ -297,7 +295,12 @@ class Rules:
             s for s, f in st.resolved.items() if isinstance(f, StepFailed) and s > last_completed
         )
         reason = self.limits.clip(cmd.reason or "retried")
+        wf = self.registry.get(st.workflow, st.version)
+        permit = self._run_permit(wf, st.run_id, st.input) if wf is not None else None
         self.emit(b, st, RunRetried(st.run_id, b.now, failed, reason))
+        if permit is not None:  # it gave its permit back when it ended: ask again
+            self._request(b, st, permit)
+            return
         self._advance(b, st)
 
     def _retry_as_new(self, b: Batch, st: RunState, data: bytes, reason: str) -> None:
