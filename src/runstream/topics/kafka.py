@@ -112,17 +112,12 @@ def _open_engine_log(
             raise
         ensure_topics(bootstrap, ns, s.partitions, kafka=s.kafka)  # a new namespace
         partitions = check_copartitioned(bootstrap, ns, kafka=s.kafka)
-    if task_groups:
-        _ensure_task_topics(bootstrap, topics, partitions, task_groups, s)
+    ensure_task_topics(config, topics, partitions, task_groups, s)
     fixed = topics.fixed()
     max_record = s.max_record_bytes or max_record_bytes(
         config, [fixed[f] for f in ("commands", "journal", "lifecycle", "replies", "dlq")]
     )
-    # Our producer must take what the topics take (librdkafka's default is 1,000,000).
-    config = {
-        **config,
-        "message.max.bytes": max(max_record + 1024, int(config.get("message.max.bytes", 0))),
-    }
+    config = taking(config, max_record)
     static = bool(s.instance_id) and not s.leave_on_stop
     return KafkaLog(
         config,
@@ -137,19 +132,30 @@ def _open_engine_log(
     )
 
 
-def _ensure_task_topics(
-    bootstrap: str, topics: Topics, partitions: int, groups: Sequence[str], s: Settings
+def ensure_task_topics(
+    config: Config, topics: Topics, partitions: int, groups: Sequence[str], s: Settings
 ) -> None:
-    if s.create_topics:
-        ensure_topics(bootstrap, topics.ns, partitions, task_groups=groups, kafka=s.kafka)
+    """The task topics of ``groups`` exist once this returns: created if missing (a task
+    produced in a transaction to a missing topic would abort it), or TopicError when
+    creating topics is off."""
+    missing = [g for g in groups if partition_count(config, topics.tasks(g)) is None]
+    if not missing:
         return
-    config = client_config(bootstrap, s.kafka)
-    missing = [topics.tasks(g) for g in groups if partition_count(config, topics.tasks(g)) is None]
-    if missing:
+    bootstrap = str(config["bootstrap.servers"])
+    if not s.create_topics:
+        names = ", ".join(topics.tasks(g) for g in missing)
         raise TopicError(
-            f"task topics {', '.join(missing)} do not exist and create_topics is off: "
+            f"task topics {names} do not exist at {bootstrap} and create_topics is off: "
             f"runstream topics create {topics.ns} --task-group <group>"
         )
+    ensure_topics(bootstrap, topics.ns, partitions, task_groups=missing, kafka=s.kafka)
+
+
+def taking(config: Config, max_record: int) -> dict[str, Any]:
+    """``config`` for a producer that must take what the topics take (librdkafka's
+    ``message.max.bytes`` defaults to 1,000,000)."""
+    limit = max(max_record + 1024, int(config.get("message.max.bytes", 0)))
+    return {**config, "message.max.bytes": limit}
 
 
 def as_record(msg: Message) -> LogRecord:

@@ -26,12 +26,10 @@ from runstream.topics.admin import (
     Config,
     check_copartitioned,
     client_config,
-    ensure_topics,
     max_record_bytes,
-    partition_count,
     wait_for_cluster,
 )
-from runstream.topics.kafka import consume_records
+from runstream.topics.kafka import consume_records, ensure_task_topics, taking
 from runstream.topics.spec import Topics
 
 log = logging.getLogger("runstream.tasks")
@@ -78,18 +76,11 @@ def _open(
     wait_for_cluster(config, connect_timeout, stopping)
     bootstrap = str(config["bootstrap.servers"])
     partitions = check_copartitioned(bootstrap, ns, kafka=s.kafka)  # TopicError: not set up yet
-    task_topic = topics.tasks(group)
-    if partition_count(config, task_topic) is None:
-        if not s.create_topics:
-            raise TopicError(f"{task_topic} does not exist at {bootstrap}")
-        # Engines create the task topics of the groups their App declares; a worker may
-        # come first, or serve a group no engine of this version declares yet.
-        ensure_topics(bootstrap, ns, partitions, task_groups=[group], kafka=s.kafka)
+    # Engines create the task topics of the groups their App declares; a worker may come
+    # first, or serve a group no engine of this version declares yet.
+    ensure_task_topics(config, topics, partitions, [group], s)
     max_record = s.max_record_bytes or max_record_bytes(config, [topics.commands, topics.dlq])
-    config = {
-        **config,
-        "message.max.bytes": max(max_record + 1024, int(config.get("message.max.bytes", 0))),
-    }
+    config = taking(config, max_record)
     return TaskLog(
         config,
         topics,
