@@ -36,7 +36,6 @@ import queue
 import socket
 import threading
 import time
-import typing
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ from runstream.engine.decide import dead_letter
 from runstream.engine.partitioner import partition_for
 from runstream.engine.steps import StepContext, execute
 from runstream.engine.work import LogRecord, StepJob, StepOutcome
-from runstream.engine.workflow import StepDef
+from runstream.engine.workflow import StepDef, type_hints
 from runstream.errors import ConfigError
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
@@ -465,10 +464,7 @@ class _Served:
 
     @classmethod
     def of(cls, sd: StepDef) -> _Served:
-        try:
-            hints = typing.get_type_hints(inspect.unwrap(sd.fn))
-        except Exception:  # unresolvable forward references: take the arguments as they are
-            hints = {}
+        hints = type_hints(sd.fn)  # unresolvable: the arguments are taken as they are
 
         def adapter(name: str) -> TypeAdapter[Any] | None:
             hint = hints.get(name, Any)

@@ -583,12 +583,11 @@ class Rules:
         """A limit's answer. A permit nobody waits for any more (the run ended, or it
         compensates) goes straight back."""
         asked = st.pending.get(cmd.seq)
-        wanted = (
+        if not (
             isinstance(asked, PermitRequested)
             and asked.limit == cmd.limit
             and (st.compensation is None or cmd.seq < 0)
-        )
-        if not isinstance(asked, PermitRequested) or not wanted:
+        ):
             if cmd.granted:
                 b.effects.commands.append(Release(cmd.limit, st.run_id, cmd.seq, b.now))
             return
@@ -604,8 +603,7 @@ class Rules:
     def acquire(self, b: Batch, ent: RunState, cmd: Acquire) -> None:
         """A limit entity is asked for a permit: grant it now if the limit allows and
         nobody waits, else queue it (or refuse it, past ``max_queued``)."""
-        who = (cmd.holder, cmd.seq)
-        if who in ent.held or any((q.holder, q.seq) == who for q in ent.queue):
+        if ent.asked(cmd.holder, cmd.seq):
             return  # asked twice (a redone transaction's command): once counts
         lim = ent.limit
         settings = (cmd.concurrency, cmd.rate, cmd.burst, cmd.max_queued)
@@ -625,8 +623,7 @@ class Rules:
 
     def release(self, b: Batch, ent: RunState, cmd: Release) -> None:
         """A permit comes back (or a waiting request is withdrawn): grant the next."""
-        who = (cmd.holder, cmd.seq)
-        if who in ent.held or any((q.holder, q.seq) == who for q in ent.queue):
+        if ent.asked(cmd.holder, cmd.seq):
             self.emit(b, ent, PermitReleased(ent.run_id, b.now, cmd.holder, cmd.seq))
             self._grant_waiting(b, ent)
 
@@ -1033,7 +1030,6 @@ class Rules:
     ) -> None:
         fact = st.pending.get(seq)
         p = b.partition_of(st.run_id)
-        limit = self.registry.limit_of(step)
         match fact:
             case None:
                 attempt = 1
@@ -1043,9 +1039,10 @@ class Rules:
                 b.effects.steps.append(StepJob(p, st.run_id, seq, running, step, args, isolated))
                 return
             case PermitReceived(attempt=attempt, granted=True):
-                limit = None  # it has its permit
+                pass  # it has its permit
             case _:
                 return  # running, waiting for its retry time or for a permit
+        limit = None if isinstance(fact, PermitReceived) else self.registry.limit_of(step)
         if limit is not None:
             ent = limit_id(limit.name)
             ask = Acquire(

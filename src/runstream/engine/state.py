@@ -158,26 +158,32 @@ class RunState:
                     out.add((due, seq))
         return out
 
+    def asked(self, holder: str, seq: int) -> bool:
+        """A limit entity holds out a permit to ``holder`` at ``seq``, or queues its request."""
+        return (holder, seq) in self.held or any(
+            (q.holder, q.seq) == (holder, seq) for q in self.queue
+        )
+
     def can_grant(self, now: int) -> bool:
         """A limit entity may grant a permit at ``now`` (concurrency and rate allow it)."""
-        lim = self.limit
-        if lim is None:
-            return False
-        if lim.concurrency is not None and len(self.held) >= lim.concurrency:
+        if self.limit is None or self._full():
             return False
         wake = self._rate_wake()
         return wake is None or wake <= now
 
     def next_grant_ms(self) -> int | None:
-        """When a limit entity with requests waiting for nothing but its rate may grant."""
-        lim = self.limit
-        if not self.queue or lim is None:
+        """When a limit entity with requests waiting for nothing but its rate may grant
+        (None when full: a release will grant)."""
+        if not self.queue or self._full():
             return None
-        if lim.concurrency is not None and len(self.held) >= lim.concurrency:
-            return None  # a release will grant
         return self._rate_wake()
 
+    def _full(self) -> bool:
+        lim = self.limit
+        return lim is not None and lim.concurrency is not None and len(self.held) >= lim.concurrency
+
     def _rate_wake(self) -> int | None:
+        """When the token bucket has a token (GCRA: its arrival time less the burst)."""
         lim = self.limit
         if lim is None or not lim.rate:
             return None

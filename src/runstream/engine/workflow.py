@@ -39,7 +39,7 @@ class StepPolicy:
     timeout: float | None = None
     group: str | None = None  # a remote step: served by the task workers of this group
     heartbeat: float | None = None  # a remote attempt silent this long (s) times out
-    queue: str | None = None  # each attempt needs a permit of this limit (`Registry.queues`)
+    queue: str | None = None  # each attempt needs a permit of this limit (`Registry.limits`)
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before the attempt after ``attempt``."""
@@ -81,9 +81,9 @@ def step_def(
     fn: Callable[..., Any], policy: StepPolicy | None = None, name: str | None = None
 ) -> StepDef:
     """Declare ``fn`` as a step (`App.step` does this for users)."""
-    from runstream.engine.steps import StepContext
+    from runstream.engine.steps import StepContext  # here: steps imports this module
 
-    hints = _hints(fn)
+    hints = type_hints(fn)
     ret = hints.get("return", inspect.Signature.empty)
     context = [p for p, t in hints.items() if t is StepContext and p != "return"]
     return StepDef(
@@ -187,7 +187,7 @@ def workflow_def(
         input_param = POSITIONAL
     else:
         raise TypeError(f"workflow {fn.__qualname__} must take (ctx) or (ctx, input)")
-    ann = _hints(fn).get(params[1].name, Any) if len(params) == 2 else Any
+    ann = type_hints(fn).get(params[1].name, Any) if len(params) == 2 else Any
     return WorkflowDef(
         fn=fn,
         name=name or fn.__name__,
@@ -285,7 +285,8 @@ def _missing(*args: Any) -> Any:
     raise LookupError("this step is not registered in this process")
 
 
-def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
+def type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    """``fn``'s resolved type hints (through decorators); none if they can't resolve."""
     try:
         return typing.get_type_hints(inspect.unwrap(fn))
     except Exception:  # unresolvable forward references: no validation rather than a crash
