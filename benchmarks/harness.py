@@ -323,6 +323,8 @@ def _running(proc: psutil.Process) -> bool:
 class Engine:
     """One engine instance: ``python -m runstream worker benchmarks.flows:app``."""
 
+    sampled_as = "engine"  # its group in the RSS and CPU sampler
+
     def __init__(
         self,
         bench: Bench,
@@ -355,6 +357,13 @@ class Engine:
         ]
 
     def start(self) -> Engine:
+        self._spawn()
+        if self not in self.bench.engines:
+            self.bench.engines.append(self)
+        return self
+
+    def _spawn(self) -> None:
+        """Start ``command`` with the bench's namespace and broker, logging to a file."""
         env = {
             **os.environ,
             "RUNSTREAM_BENCH_NS": self.ns,
@@ -376,11 +385,8 @@ class Engine:
                 stderr=subprocess.STDOUT,
                 preexec_fn=_pdeathsig,
             )
-        if self not in self.bench.engines:
-            self.bench.engines.append(self)
         self.pids.append(self.proc.pid)
-        self.bench.sampler.track("engine", self.proc.pid)
-        return self
+        self.bench.sampler.track(self.sampled_as, self.proc.pid)
 
     @property
     def pid(self) -> int | None:

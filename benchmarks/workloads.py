@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -23,7 +21,6 @@ from runstream.engine import payload
 
 from .harness import (
     RESULTS,
-    ROOT,
     Bench,
     BenchError,
     Engine,
@@ -133,17 +130,7 @@ def w1(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
         rep = _new_rep(ns, r)
         reps.append(rep)
         with engines(bench, ns, rep), runstream.Client(ns, bench.bootstrap) as client:
-            lat, wrong = [], 0
-            for i in range(warmup + runs):
-                t0 = time.perf_counter()
-                rid = client.start("w1", 1)
-                out = client.result(rid, timeout=60)
-                dt = (time.perf_counter() - t0) * 1000
-                wrong += out != 4
-                if i >= warmup:
-                    lat.append(dt)
-            rep["latency_ms"] = latency_stats(lat)
-            rep["wrong_results"] = wrong
+            rep.update(_w1_latency(client, warmup, runs))
         log(
             f"W1 repeat {r + 1}: p50 {rep['latency_ms']['p50']:.1f} ms, "
             f"p99 {rep['latency_ms']['p99']:.1f} ms"
@@ -955,6 +942,8 @@ class _TaskWorkerProcess(Engine):
     """``runstream tasks serve benchmarks.flows:remote_app --group bench``: one task-worker
     process, sampled apart from the engines (RSS and CPU group ``taskworker``)."""
 
+    sampled_as = "taskworker"
+
     def __init__(self, bench: Bench, ns: str, concurrency: int) -> None:
         super().__init__(bench, ns, "tasks-1", bench.state_dir(ns))
         self.concurrency = concurrency
@@ -977,28 +966,7 @@ class _TaskWorkerProcess(Engine):
         ]
 
     def start(self) -> _TaskWorkerProcess:
-        from runstream.supervisor import die_with_parent
-
-        env = {
-            **os.environ,
-            "RUNSTREAM_BENCH_NS": self.ns,
-            "RUNSTREAM_BOOTSTRAP_SERVERS": self.bench.bootstrap,
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        }
-        logfile = self.bench.work / f"{self.ns}.{self.instance}.log"
-        self.logs.append(logfile)
-        with open(logfile, "ab") as out:
-            self.proc = subprocess.Popen(
-                self.command,
-                env=env,
-                cwd=ROOT,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent,  # SIGKILL when the harness dies
-            )
-        self.pids.append(self.proc.pid)
-        self.bench.sampler.track("taskworker", self.proc.pid)
+        self._spawn()  # not one of the bench's engines
         return self
 
 
@@ -1035,8 +1003,9 @@ def remote_processes(bench: Bench, ns: str, rep: dict[str, Any]) -> Iterator[Non
         rep["dlq_end_offsets"] = _end_offset_sum(bench.bootstrap, f"{ns}.dlq")
 
 
-def _w8_latency(client: runstream.Client, warmup: int, runs: int) -> dict[str, Any]:
-    """As W1: sequential runs, from before start() until result() returned."""
+def _w1_latency(client: runstream.Client, warmup: int, runs: int) -> dict[str, Any]:
+    """W1 (and W8-W1): sequential runs of ``w1``, from before start() until result()
+    returned."""
     lat, wrong = [], 0
     for i in range(warmup + runs):
         t0 = time.perf_counter()
@@ -1089,7 +1058,7 @@ def w8(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
         rep1 = _new_rep(ns, r) | {"part": "W1"}
         reps.append(rep1)
         with remote_processes(bench, ns, rep1), runstream.Client(ns, bench.bootstrap) as client:
-            rep1.update(_w8_latency(client, warmup, runs1))
+            rep1.update(_w1_latency(client, warmup, runs1))
         ns = bench.namespace("W8-W2", r)
         rep2 = _new_rep(ns, r) | {"part": "W2"}
         reps.append(rep2)
