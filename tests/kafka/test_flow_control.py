@@ -157,6 +157,9 @@ def test_runs_of_one_concurrency_key_go_one_at_a_time_and_a_full_queue_refuses(
     client, _ = flow
     for i in range(4):
         client.start("checkout", {"id": f"a{i}", "customer": "ann"}, run_id=f"a{i}")
+        if i < 3:  # each run's request reaches the limit from its own partition: in order
+            what = f"the limit to have a{i}'s request"
+            wait_for(lambda i=i: _asked(kafka_bootstrap, ns, f"a{i}"), timeout=60, what=what)
     client.start("checkout", {"id": "b0", "customer": "bob"}, run_id="b0")
     with pytest.raises(RunFailed, match="QueueFull: 2 runs wait for ~limit/checkout/ann"):
         client.result("a3", timeout=60)
@@ -172,3 +175,9 @@ def test_runs_of_one_concurrency_key_go_one_at_a_time_and_a_full_queue_refuses(
 def _waits(bootstrap: str, ns: str, run_id: str) -> bool:
     journal = read_topic(bootstrap, f"{ns}.journal", timeout=2)
     return any(n == "SignalAwaited" and r["run_id"] == run_id for n, r, _ in journal)
+
+
+def _asked(bootstrap: str, ns: str, run_id: str) -> bool:
+    journal = read_topic(bootstrap, f"{ns}.journal", timeout=2)
+    answers = ("PermitGranted", "PermitQueued")
+    return any(n in answers and r.get("holder") == run_id for n, r, _ in journal)
