@@ -194,10 +194,8 @@ def replay_cmd(
         raise click.UsageError("give a RUN_ID, or --workflow (with --status) for many runs")
     if run_id is not None and statuses:
         raise click.UsageError("--status goes with --workflow")
-    from runstream.cli.main import load_app  # main imports this module
-
     try:
-        registry: Registry = load_app(target).registry
+        registry: Registry = options.load_app(target).registry
     except (ImportError, AttributeError) as exc:  # a typo in MODULE:APP: say so in one line
         raise click.BadParameter(f"cannot load {target!r}: {exc}", param_hint="--app") from None
     settings = Settings().with_bootstrap(bootstrap)
