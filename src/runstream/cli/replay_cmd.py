@@ -25,7 +25,6 @@ from rich.progress import Progress
 from rich.table import Table
 
 from runstream.cli import options
-from runstream.engine.budget import ActivationBudget
 from runstream.engine.partitioner import partition_for
 from runstream.engine.reducer import apply
 from runstream.engine.replay import (
@@ -39,6 +38,7 @@ from runstream.engine.replay import (
 from runstream.engine.state import RunState, Status
 from runstream.engine.workflow import Registry
 from runstream.errors import DecodeError, RunNotFound
+from runstream.runtime.budget import ActivationBudget
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import FACTS
 from runstream.settings import Settings
