@@ -16,7 +16,6 @@ from runstream.engine.decide import Decider
 from runstream.engine.limits import Limits
 from runstream.engine.reducer import fold
 from runstream.engine.state import RunState
-from runstream.engine.steps import execute
 from runstream.engine.work import (
     Batch,
     HandOver,
@@ -28,6 +27,7 @@ from runstream.engine.work import (
     Work,
 )
 from runstream.engine.workflow import Registry
+from runstream.runtime.steps import execute
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
     Cancel,
