@@ -3,7 +3,7 @@
 It plays the shell's part around the real `Decider`: commands go in as records on
 partition 0 (encoded as any producer would), each decision's working copies become the
 committed states (every "transaction" commits), step bodies run at once through the
-real `engine.steps.execute`, timers fire on a fake clock, and every fact is kept in one
+real `runtime.steps.execute`, timers fire on a fake clock, and every fact is kept in one
 list so tests can check the journal.
 """
 
