@@ -132,3 +132,12 @@ def test_times_far_from_a_change_are_plain_local_times() -> None:
     assert fires("0 3 * * *", "2026-07-01T00:00", 2) == ["2026-07-01T01:00", "2026-07-02T01:00"]
     assert latest_fire("0 3 * * *", PARIS, ms("2026-07-01T01:00")) == ms("2026-07-01T01:00")
     assert latest_fire("0 3 * * *", "UTC", ms("2026-07-01T02:59")) == ms("2026-06-30T03:00")
+
+
+def test_aliases_are_read_as_the_expressions_they_stand_for() -> None:
+    assert fires("@daily", "2026-10-24T12:00", 2) == ["2026-10-24T22:00", "2026-10-25T23:00"]
+    assert fires("@hourly", "2026-10-24T23:30", 3) == [
+        "2026-10-25T00:00",
+        "2026-10-25T01:00",  # 02:00 CET, the second pass: an interval fires in both
+        "2026-10-25T02:00",
+    ]

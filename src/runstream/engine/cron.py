@@ -67,8 +67,10 @@ def iso(ms: int) -> str:
 
 def _interval(cron: str) -> bool:
     """Vixie cron's "wildcard job": its minute or hour field starts with ``*``."""
-    minute, hour = cron.split()[:2]
-    return minute.startswith("*") or hour.startswith("*")
+    fields = cron.split()
+    if len(fields) < 2:  # an alias: @daily is fixed-time, @hourly an interval
+        fields = [str(values[0]) for values in croniter.expand(cron)[0][:2]]
+    return fields[0].startswith("*") or fields[1].startswith("*")
 
 
 def _instant(wall: datetime, zone: ZoneInfo) -> int:
