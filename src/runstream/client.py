@@ -74,6 +74,7 @@ class RunInfo(BaseModel):
     ended_at: datetime | None = None
     steps: int = 0
     continued_as: str | None = None
+    code: str | None = None  # why it failed (`runstream.Failure`) or its start was rejected
     parent_run_id: str | None = None
     children: list[str] = []  # the child runs it started, in order (the first 1,000)
 
@@ -318,8 +319,8 @@ class Client:
 
     def result(self, run_id: str, timeout: float = 30.0) -> Any:
         """The run's output once it ends (following continue-as-new). Raises RunFailed
-        (RunTimedOut if it timed out), RunCancelled, RunRejected, RunNotFound (at once), or
-        TimeoutError.
+        (its class chosen by its code: RunTimedOut, QueueFull), RunCancelled, RunRejected,
+        RunNotFound (at once), or TimeoutError.
 
         The run's owner answers in the transaction that ends the run (on this client's
         replies partition); the question is asked again now and then, in case the run's
@@ -343,7 +344,7 @@ class Client:
                     raise RunCancelled(run_id, end.reason or "")
                 if end.status == Status.REJECTED:
                     raise RunRejected(run_id, end.code or "", end.reason or "")
-                raise run_failed(run_id, end.error or end.reason or "", end.status)
+                raise run_failed(run_id, end.error or end.reason or "", end.status, end.code)
 
     # -- internals ---------------------------------------------------------------------
     def _send(self, cmd: Command, wait: bool = True) -> None:
@@ -451,6 +452,7 @@ def _run_info(info: RunInfoRecord) -> RunInfo:
         ended_at=ts(info.ended_at_ms),
         steps=info.steps,
         continued_as=info.continued_as,
+        code=info.code,
         parent_run_id=info.parent_run_id,
         children=list(info.children),
     )

@@ -1,4 +1,4 @@
-"""Every error Runstream raises on purpose.
+"""Every error Runstream raises on purpose (all exported by ``runstream``).
 
 RunstreamError
  ├─ ConfigError              bad settings, missing Java/Maven, a port taken
@@ -14,13 +14,17 @@ RunstreamError
  ├─ KafkaFatal               Kafka refused the instance for good (fenced, misconfigured)
  ├─ CommandNotDelivered      Kafka refused a command the client produced
  ├─ PayloadTooLarge          a command larger than Kafka takes
- ├─ RunFailed                client.result() of a failed or dead run
+ ├─ RunFailed                client.result() of a failed or dead run (.code says why)
+ │   ├─ RunTimedOut          ... that passed its execution timeout (code "timed-out")
+ │   └─ QueueFull            ... refused by its concurrency key's max_queued ("queue-full")
  ├─ RunCancelled             client.result() of a cancelled run
  ├─ RunRejected              client.result() of a start the engine refused
+ ├─ ChildFailed              in a parent workflow: its child did not complete
  └─ StepError                a step failed for good (raised inside workflow code)
      └─ TerminalStepError    raise it from a step: fail at once, no retry
 
 SignalTimeout(RunstreamError, TimeoutError)  wait_for_signal(timeout=...) expired
+EventTimeout(RunstreamError, TimeoutError)   wait_for_event(timeout=...) expired
 StepTimeout(RunstreamError, TimeoutError)    a step attempt ran past its timeout
 """
 
@@ -110,27 +114,67 @@ class PayloadTooLarge(RunstreamError):
 
 
 class RunFailed(RunstreamError):
-    """The run ended failed (or dead); ``error`` holds the workflow's error text."""
+    """The run ended failed (or dead); ``error`` holds the workflow's error text and
+    ``code`` why it failed (a `Failure` code; None for a failure recorded before
+    codes existed that its text does not tell)."""
 
-    def __init__(self, run_id: str, error: str, status: str = "failed") -> None:
+    def __init__(
+        self, run_id: str, error: str, status: str = "failed", code: str | None = None
+    ) -> None:
         super().__init__(f"run {run_id!r} {status}: {error}")
-        self.run_id, self.error, self.status = run_id, error, status
+        self.run_id, self.error, self.status, self.code = run_id, error, status, code
 
 
 class RunTimedOut(RunFailed):
     """The run failed because it passed its execution timeout (``timeout=``)."""
 
 
+class QueueFull(RunFailed):
+    """The run was refused before running any code: ``max_queued`` runs of its
+    ``concurrency_key`` were waiting already."""
+
+
+class Failure:
+    """Why a run failed, a stable code: ``RunFailed.code`` on the journal fact and on the
+    exception `Client.result` raises (which it picks the class by), and `RunInfo.code`."""
+
+    WORKFLOW_ERROR = "workflow-error"  # the workflow raised (a step that failed for good too)
+    TIMED_OUT = "timed-out"  # it passed its execution timeout: RunTimedOut
+    QUEUE_FULL = "queue-full"  # its concurrency key had max_queued runs waiting: QueueFull
+    BAD_OUTPUT = "bad-output"  # its output (or continue-as-new input): not JSON, or too large
+    DEAD = "dead"  # it crashed its instance past max_recovery_attempts (status dead)
+
+
+_FAILED_BY_CODE: dict[str, type[RunFailed]] = {
+    Failure.TIMED_OUT: RunTimedOut,
+    Failure.QUEUE_FULL: QueueFull,
+}
+
 #: How the engine starts the error text of a run that timed out.
 TIMED_OUT = "RunTimedOut: "
+#: ... of a run its concurrency key refused.
+QUEUE_FULL = "QueueFull: "
 #: ... and of a step attempt that timed out (`StepTimeout`).
 STEP_TIMED_OUT = "StepTimeout: "
 
 
-def run_failed(run_id: str, error: str, status: str = "failed") -> RunFailed:
-    """The exception for a run that ended failed or dead: RunTimedOut if it timed out."""
-    cls = RunTimedOut if error.startswith(TIMED_OUT) else RunFailed
-    return cls(run_id, error, status)
+def failure_code(error: str, status: str = "failed") -> str | None:
+    """The code of a failure recorded without one (before codes existed), from its
+    status and the text the engine began it with; None when they do not tell."""
+    if status == "dead":
+        return Failure.DEAD
+    if error.startswith(TIMED_OUT):
+        return Failure.TIMED_OUT
+    return Failure.QUEUE_FULL if error.startswith(QUEUE_FULL) else None
+
+
+def run_failed(
+    run_id: str, error: str, status: str = "failed", code: str | None = None
+) -> RunFailed:
+    """The exception for a run that ended failed or dead, its class chosen by ``code``
+    (`RunTimedOut`, `QueueFull`, else `RunFailed`)."""
+    code = code or failure_code(error, status)
+    return _FAILED_BY_CODE.get(code or "", RunFailed)(run_id, error, status, code)
 
 
 class EventTimeout(RunstreamError, TimeoutError):

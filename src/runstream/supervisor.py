@@ -5,7 +5,9 @@ what was not committed is redone, what was committed is never lost.
 
 SIGTERM and SIGINT are passed on to the engine (its own process group, so a Ctrl-C
 reaches it once), and an engine the supervisor was asked to stop is never started
-again, also during the back-off between two restarts.
+again, also during the back-off between two restarts. An engine that cannot load its
+App (``MODULE:APP`` does not import) exits with `EXIT_CANNOT_LOAD` and is not started
+again either: a restart would only fail the same way.
 
 The supervisor process runs this module alone (``python -m runstream.supervisor GRACE
 -- ENGINE ARGV``): it imports nothing but the standard library, so it adds little
@@ -27,6 +29,8 @@ from collections.abc import Callable, Sequence
 log = logging.getLogger("runstream.supervisor")
 
 _PR_SET_PDEATHSIG = 1
+#: The engine's exit status when its App cannot be loaded (sysexits' EX_CONFIG).
+EXIT_CANNOT_LOAD = 78
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -81,6 +85,9 @@ def supervise(
         code = _wait(child, stopped, grace)
         if stopped.is_set() or code == 0:
             return code if code >= 0 else 128 - code
+        if code == EXIT_CANNOT_LOAD:
+            log.error("the engine cannot load its App (exit %d): not starting it again", code)
+            return code
         if time.monotonic() - started > 60:
             wait = delay  # it ran a good while: a new problem, not a crash loop
         log.warning("engine process exited with %s; starting it again in %.0f s", code, wait)

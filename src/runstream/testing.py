@@ -131,7 +131,7 @@ class Run:
             case Status.REJECTED:
                 raise RunRejected(st.run_id, st.code or "", st.reason or "")
             case Status.FAILED | Status.DEAD:
-                raise run_failed(st.run_id, st.error or st.reason or "", st.status)
+                raise run_failed(st.run_id, st.error or st.reason or "", st.status, st.code)
         why = f": {st.reason}" if st.reason else ""
         raise RunNotFinished(f"run {st.run_id!r} has not finished, it is {st.status}{why}")
 

@@ -41,8 +41,9 @@ def test_a_run_timeout_survives_an_engine_restart_and_fails_the_run(kafka_bootst
         time.sleep(3.5)
         worker = ThreadWorker(app, tmp_path / "state2", instance="w2")
         try:
-            with pytest.raises(runstream.RunTimedOut, match="did not end within its timeout"):
+            with pytest.raises(runstream.RunTimedOut, match="did not end within its timeout") as e:
                 client.result("n-1", timeout=60)
+            assert e.value.code == client.get_run("n-1").code == runstream.Failure.TIMED_OUT
         finally:
             worker.stop()
 

@@ -214,6 +214,26 @@ def test_runs_show_and_history_tell_one_runs_story(kafka_bootstrap, ns, tmp_path
     assert [f["output"] for f in facts if f["type"] == "StepCompleted"] == [11, 12, 13]
 
 
+def test_a_run_with_a_70_kib_tag_does_not_wedge_runs_list(kafka_bootstrap, ns, tmp_path):
+    ensure_topics(kafka_bootstrap, ns, PARTITIONS)
+    worker = ThreadWorker(make_app(ns, kafka_bootstrap), tmp_path / "state")
+    common = ["-n", ns, "--bootstrap", kafka_bootstrap, "--cache-dir", str(tmp_path / "cache")]
+    big = "x" * (70 << 10)
+    try:
+        with runstream.Client(ns, kafka_bootstrap) as client:
+            client.start("three_steps", 1, run_id="big", tags={"note": big})
+            assert client.result("big", timeout=60) == 4
+            assert as_json(invoke("runs", "list", *common, "--json"))["count"] == 1
+            client.start("three_steps", 2, run_id="later", tags={"note": "small"})
+            assert client.result("later", timeout=60) == 5
+    finally:
+        worker.stop()
+    page = as_json(invoke("runs", "list", *common, "--json"))
+    assert [r["run_id"] for r in page["runs"]] == ["later", "big"]
+    tagged = as_json(invoke("runs", "list", *common, "--tag", "note=small", "--json"))
+    assert [r["run_id"] for r in tagged["runs"]] == ["later"]
+
+
 def test_a_model_another_process_holds_is_read_as_last_written(kafka_bootstrap, ns, tmp_path):
     ensure_topics(kafka_bootstrap, ns, PARTITIONS)
     produce(kafka_bootstrap, f"{ns}.lifecycle", bulk_events()[:4])

@@ -181,3 +181,40 @@ def test_runs_cancel_where_cancels_500_runs_and_survives_a_sigkill_halfway(
         facts = journal[run_id]
         assert [type(f).__name__ for f in facts].count("RunCancelled") == 1
         assert check_run(facts, expect_finished=True) == [], run_id
+
+
+def test_runs_cancel_where_run_again_later_cancels_the_runs_that_match_then(
+    kafka_bootstrap, ns, tmp_path
+):
+    """A job whose cancels were all sent is over, even if its runs had not ended when it
+    stopped waiting: the same command later is a new job that selects again."""
+    ensure_topics(kafka_bootstrap, ns, PARTITIONS)
+    app, state = make_app(ns, kafka_bootstrap), tmp_path / "state"
+    common = ["-n", ns, "--bootstrap", kafka_bootstrap, "--cache-dir", str(tmp_path / "cache")]
+    where = ["runs", "cancel", "--where", "workflow=approval,status=running,tag.batch=b1"]
+    first, later = ["a-1", "a-2", "a-3"], ["b-1", "b-2"]
+    with runstream.Client(ns, kafka_bootstrap) as client:
+        worker = ThreadWorker(app, state)
+        try:
+            for run_id in first:
+                client.start("approval", run_id=run_id, tags={"batch": "b1"})
+            wait_for(lambda: all(status_of(client, r) == "running" for r in first), what="a-*")
+        finally:
+            worker.stop()
+        # no engine: the cancels are sent, and nobody ends the runs before the job stops waiting
+        out = invoke(*where, *common, "--timeout", "0", "--json")
+        assert out.exit_code == 1, out.output
+        assert sorted(json.loads(out.stdout)["open"]) == first
+        worker = ThreadWorker(app, state)
+        try:
+            wait_for(lambda: all(status_of(client, r) == "cancelled" for r in first), what="a-*")
+            for run_id in later:
+                client.start("approval", run_id=run_id, tags={"batch": "b1"})
+            wait_for(lambda: all(status_of(client, r) == "running" for r in later), what="b-*")
+            again = invoke(*where, *common, "--json")
+            assert again.exit_code == 0, again.output
+            summary = json.loads(again.stdout)
+            assert (summary["runs"], summary["statuses"]) == (2, {"cancelled": 2})
+            assert [status_of(client, r) for r in later] == ["cancelled", "cancelled"]
+        finally:
+            worker.stop()

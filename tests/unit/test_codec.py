@@ -211,7 +211,7 @@ FIELDS = {
     "RunRecovered": [*_FACT, "seq", "recoveries"],
     "CompensationStarted": [*_FACT, "error", "traceback", "cancelled"],
     "RunCompleted": [*_FACT, "output", "continued_as"],
-    "RunFailed": [*_FACT, "error", "traceback"],
+    "RunFailed": [*_FACT, "error", "traceback", "code"],
     "RunCancelled": [*_FACT, "reason"],
     "RunParked": [*_FACT, "reason"],
     "RunDead": [*_FACT, "reason"],

@@ -202,6 +202,7 @@ def test_a_workflow_concurrency_key_runs_one_per_key_and_refuses_past_max_queued
     assert not core.facts("c2", "SignalAwaited")  # waits for c1 to end, no code ran
     assert core.state("c3").status == "failed"
     assert core.state("c3").error.startswith("QueueFull: 1 runs wait for ~limit/checkout/ann")
+    assert core.facts("c3", "RunFailed")[-1].code == core.query("c3").code == "queue-full"
     core.signal("c1", "go", None)
     pump(core)
     assert core.state("c1").status == "completed"

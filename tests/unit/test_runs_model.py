@@ -232,3 +232,37 @@ def test_a_bad_page_position_is_a_value_error(model):
 def test_an_unmatched_event_makes_no_run_row():
     ev = LifecycleEvent("event.unmatched", "~event/tick/k", 1, reason="nobody waited")
     assert fold(None, ev) is None
+
+
+BIG = "x" * (70 << 10)  # 70 KiB: more than a 2-byte length can say
+
+
+def test_a_tag_or_version_over_64_kib_is_clipped_in_the_index_never_a_wedge(model, caplog):
+    src = ListSource()
+    src.add(started("before", 1), started("big-tag", 2, note=BIG), p=0)
+    src.add(started("big-version", 3, version=BIG), ended("big-version", 4, version=BIG), p=0)
+    src.add(started("after", 5, note="small"), p=0)
+    assert model.catch_up(src).read == 5
+    assert model.offsets() == {0: 5}  # read past them
+    assert model.catch_up(src).read == 0
+    assert ids(model.find(RunQuery())) == ["after", "big-version", "big-tag", "before"]
+    # the whole value still finds the run, and only it (the index holds it clipped)
+    assert ids(model.find(RunQuery(tags={"note": BIG}))) == ["big-tag"]
+    assert ids(model.find(RunQuery(tags={"note": BIG[:-1]}))) == []
+    assert ids(model.find(RunQuery(tags={"note": "small"}))) == ["after"]
+    row = model.get("big-version")
+    assert row is not None and row.version == BIG  # the row keeps it whole
+    assert model.count(RunQuery(version=BIG)) == 1
+    counted = {v.version[:8]: v.statuses for v in model.versions()}
+    assert counted["xxxxxxxx"] == {"completed": 1}
+    assert "clipped" in caplog.text
+
+
+def test_index_keys_of_ordinary_fields_keep_their_layout(model):
+    # models written before long fields were clipped stay readable as they are
+    src = ListSource()
+    src.add(started("a", 1, customer="c-9"), p=0)
+    model.catch_up(src)
+    keys = set(model.db.keys())
+    assert b"g\x00\x08customer\x00\x03c-9" + (2**63 - 2).to_bytes(8, "big") + b"a" in keys
+    assert b"c\x00\x05order\x00\x011\x00\x07running" in keys

@@ -31,6 +31,7 @@ from runstream.cli.tasks_status import status as tasks_status
 from runstream.cli.topics_cmd import topics
 from runstream.errors import RunstreamError
 from runstream.instance import read_health
+from runstream.supervisor import EXIT_CANNOT_LOAD
 from runstream.topics.logs import LOGGER_NAME
 
 
@@ -99,9 +100,18 @@ def worker(target: str, supervise: bool, **values: Any) -> None:
         os.execv(
             sys.executable, [sys.executable, "-m", "runstream.supervisor", grace, "--", *engine]
         )
+    from runstream.app import App
     from runstream.worker import Worker
 
-    Worker(options.load_app(target), settings).run()
+    try:
+        app = options.load_app(target)
+        if not isinstance(app, App):
+            raise TypeError(f"{type(app).__name__} {app!r:.60} is not a runstream.App")
+    except Exception as exc:  # whatever the module raised: restarting would not help
+        why = f"{type(exc).__name__}: {exc}"
+        click.echo(f"runstream worker: cannot load the App at {target!r}: {why}", err=True)
+        sys.exit(EXIT_CANNOT_LOAD)
+    Worker(app, settings).run()
 
 
 @cli.command()

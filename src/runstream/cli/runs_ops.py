@@ -1,15 +1,18 @@
 """`runstream runs retry|resume|cancel`: act on runs, one by id or many at once.
 
 ``runs cancel --where`` is a durable job. It selects the matching runs from the runs read
-model once, writes that list to a job file beside the model, then sends the cancels in
-chunks, recording after each chunk Kafka acknowledged how far it got. Killed, the same
-command resumes the job where it stopped; a cancel sent twice is harmless, because the
-engine ends a run once (a cancel of a finished run changes nothing). The job ends when
-the read model shows every selected run finished.
+model once, writes that list and the options that shape the job to a job file beside the
+model, then sends the cancels in chunks, appending to the file after each chunk Kafka
+acknowledged how far it got. Killed, the same command resumes the job where it stopped
+(with other options it refuses); a cancel sent twice is harmless, because the engine ends
+a run once (a cancel of a finished run changes nothing). Once every cancel is sent the
+job is over: its file is renamed ``...done.jsonl``, and the same command later is a new
+job that selects again. It then waits for the read model to show the runs finished.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -88,32 +91,67 @@ def resume(run_ids: tuple[str, ...], namespace: str, bootstrap: str | None) -> N
 
 @dataclass
 class CancelJob:
-    """A bulk cancel: the runs it selected, and how many of them were sent a cancel."""
+    """A bulk cancel: the runs it selected, the options that shape it, and how many of
+    the runs were sent a cancel.
+
+    Its file is JSON lines: the job without ``sent`` first, then ``{"sent": N}`` appended
+    as the cancels go (a line torn by a kill counts for nothing).
+    """
 
     where: dict[str, str]
     runs: list[str]
-    sent: int = 0
+    compensate: bool = False
     reason: str = ""
     created_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    sent: int = 0
 
     @staticmethod
     def path(jobs: Path, where: dict[str, str]) -> Path:
+        """The file of the unfinished job for ``where``."""
         digest = hashlib.sha256(json.dumps(where, sort_keys=True).encode()).hexdigest()
-        return jobs / f"cancel-{digest[:12]}.json"
+        return jobs / f"cancel-{digest[:12]}.jsonl"
 
     @classmethod
     def load(cls, path: Path) -> CancelJob | None:
         try:
-            return cls(**json.loads(path.read_text()))
+            first, *progress = path.read_text().splitlines()
         except FileNotFoundError:
             return None
+        job = cls(**json.loads(first))
+        for line in progress:
+            with contextlib.suppress(ValueError):
+                job.sent = json.loads(line)["sent"]
+        return job
 
-    def save(self, path: Path) -> None:
-        """Write atomically: a kill leaves the old file or the new one, never half."""
+    def create(self, path: Path) -> None:
+        """Write the job atomically: a kill leaves no file or the whole job."""
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self)))
+        head = {k: v for k, v in asdict(self).items() if k != "sent"}
+        tmp.write_text(json.dumps(head) + "\n")
         os.replace(tmp, path)
+
+    def advance(self, path: Path, n: int) -> None:
+        """Record that ``n`` more cancels were sent."""
+        self.sent += n
+        with path.open("a") as f:
+            f.write(json.dumps({"sent": self.sent}) + "\n")
+
+    def finish(self, path: Path) -> Path:
+        """Close the job: every cancel is sent, nothing is left to resume."""
+        done = path.with_name(f"{path.stem}-{self.created_ms}.done.jsonl")
+        os.replace(path, done)
+        return done
+
+    def refusal(self, compensate: bool) -> str | None:
+        """Why a command with these options may not resume this job (None: it may)."""
+        if compensate == self.compensate:
+            return None
+        made = "with" if self.compensate else "without"
+        return (
+            f"an unfinished bulk cancel ({self.sent} of {len(self.runs)} sent) was made {made} "
+            f"--compensate: run the same command {made} --compensate to finish it"
+        )
 
 
 @click.command("cancel")
@@ -159,10 +197,13 @@ def cancel_where(
                      f"{len(selected)} runs match {where}: {' '.join(selected[:20])}"
                      + (" ..." if len(selected) > 20 else ""))  # fmt: skip
             return
-        job = CancelJob(conditions, selected, reason=f"runstream runs cancel --where {where}")
-        job.save(job_file)
+        reason = f"runstream runs cancel --where {where}"
+        job = CancelJob(conditions, selected, compensate, reason)
+        job.create(job_file)
         say.line(f"bulk cancel of {len(selected)} runs; job file {job_file}")
     else:
+        if refused := job.refusal(compensate):
+            raise click.UsageError(f"{refused}, or delete {job_file} to start a new one")
         say.line(f"resuming the bulk cancel of {job_file}: {job.sent} of {len(job.runs)} sent")
         if dry_run:
             say.done({"dry_run": True, "where": conditions, "runs": job.runs[job.sent :]},
@@ -175,21 +216,19 @@ def cancel_where(
         while job.sent < len(job.runs):
             chunk = job.runs[job.sent : job.sent + size]
             for run_id in chunk:
-                client.cancel(run_id, compensate=compensate, reason=job.reason, wait=False)
+                client.cancel(run_id, compensate=job.compensate, reason=job.reason, wait=False)
             client.flush()  # Kafka has them: only now does the job move on
-            job.sent += len(chunk)
-            job.save(job_file)
+            job.advance(job_file, len(chunk))
             bar.update(bar_task, completed=job.sent)
             if rate:  # hold the pace: sent so far / rate seconds since we began
                 time.sleep(max(0.0, len(chunk) / rate - (time.monotonic() - began)))
                 began = time.monotonic()
+    job.finish(job_file)
     statuses = _wait_ended(namespace, bootstrap, cache_dir, job.runs, timeout)
     by_status: dict[str, int] = {}
     for status in statuses.values():
         by_status[status] = by_status.get(status, 0) + 1
     open_runs = [r for r, s in statuses.items() if s not in TERMINAL]
-    if not open_runs:
-        job_file.unlink(missing_ok=True)
     summary = ", ".join(f"{n} {s}" for s, n in sorted(by_status.items()))
     say.done(
         {"where": conditions, "runs": len(job.runs), "statuses": by_status, "open": open_runs},

@@ -140,7 +140,7 @@ def apply(state: RunState, fact: Fact) -> RunState:
             if isinstance(fact, RunCompleted):
                 state.output, state.continued_as = fact.output, fact.continued_as
             elif isinstance(fact, RunFailed):
-                state.error = fact.error
+                state.error, state.code = fact.error, fact.code
             else:
                 state.reason = fact.reason
         # the rarer facts: children, retries, and the event and schedule entities
@@ -205,7 +205,7 @@ def _reopen(state: RunState, fact: RunRetried) -> None:
     """A failed or dead run goes on: each final step failure of ``fact.seqs`` becomes a
     retry due now, so the step's next attempt starts (`Rules._run_step`)."""
     state.status, state.ended_at_ms = Status.RUNNING, None
-    state.error = state.reason = None
+    state.error = state.reason = state.code = None
     state.recoveries = 0
     for seq in fact.seqs:
         failed = state.resolved.pop(seq)

@@ -37,7 +37,15 @@ from runstream.engine.replay import (
 from runstream.engine.state import BATCH_SEQ, RunState, Status
 from runstream.engine.work import Batch, StepJob, StepOutcome, Waiter
 from runstream.engine.workflow import Registry, StepDef, WorkflowDef
-from runstream.errors import STEP_TIMED_OUT, TIMED_OUT, InvalidInput, WorkflowNotFound
+from runstream.errors import (
+    QUEUE_FULL,
+    STEP_TIMED_OUT,
+    TIMED_OUT,
+    Failure,
+    InvalidInput,
+    WorkflowNotFound,
+    failure_code,
+)
 from runstream.schemas.records import (
     END_FACTS,
     RUN_PERMIT_SEQ,
@@ -596,7 +604,8 @@ class Rules:
         )
         self.emit(b, st, received)
         if not cmd.granted:  # only a run's own permit is ever refused (max_queued)
-            self.emit(b, st, RunFailed(st.run_id, b.now, f"QueueFull: {cmd.reason}", ""))
+            failed = RunFailed(st.run_id, b.now, QUEUE_FULL + cmd.reason, "", Failure.QUEUE_FULL)
+            self.emit(b, st, failed)
             return
         self._advance(b, st)
 
@@ -811,7 +820,7 @@ class Rules:
             self.emit(b, st, CompensationStarted(st.run_id, b.now, error, "", False))
             self._compensate(b, st)
         else:
-            self.emit(b, st, RunFailed(st.run_id, b.now, error, ""))
+            self.emit(b, st, RunFailed(st.run_id, b.now, error, "", Failure.TIMED_OUT))
 
     def recover(self, b: Batch, st: RunState) -> None:
         """After a restore: start again the steps that were open in a process that is gone.
@@ -927,13 +936,13 @@ class Rules:
             case Completed(value):
                 output, problem = self._dumps("the run's output", value)
                 if problem:
-                    self.emit(b, st, RunFailed(run_id, now, problem, ""))
+                    self.emit(b, st, RunFailed(run_id, now, problem, "", Failure.BAD_OUTPUT))
                 else:
                     self.emit(b, st, RunCompleted(run_id, now, output))
             case ContinuedAsNew(value):
                 data, problem = self._dumps("the continue-as-new input", value)
                 if problem:
-                    self.emit(b, st, RunFailed(run_id, now, problem, ""))
+                    self.emit(b, st, RunFailed(run_id, now, problem, "", Failure.BAD_OUTPUT))
                     return False
                 successor = continuation_of(run_id)
                 self.emit(b, st, RunCompleted(run_id, now, b"null", successor))
@@ -943,7 +952,7 @@ class Rules:
                 if result.compensations:
                     self.emit(b, st, CompensationStarted(run_id, now, error, tb, False))
                     return True  # _advance compensates
-                self.emit(b, st, RunFailed(run_id, now, error, tb))
+                self.emit(b, st, RunFailed(run_id, now, error, tb, Failure.WORKFLOW_ERROR))
             case NonDeterministic(err):
                 self._park(b, st, f"non-determinism: {err}")
             case Overran():
@@ -1146,7 +1155,8 @@ class Rules:
         if c.cancelled:
             self.emit(b, st, RunCancelled(st.run_id, b.now, text))
         else:
-            self.emit(b, st, RunFailed(st.run_id, b.now, text, c.traceback))
+            code = failure_code(c.error) or Failure.WORKFLOW_ERROR  # the cause: its text is ours
+            self.emit(b, st, RunFailed(st.run_id, b.now, text, c.traceback, code))
 
     def _compensations(self, b: Batch, st: RunState) -> list[Any]:
         wf = self.registry.get(st.workflow, st.version)

@@ -90,7 +90,7 @@ class RunState:
     output: bytes | None = None
     error: str | None = None
     reason: str | None = None
-    code: str | None = None  # a rejected start: its reason code
+    code: str | None = None  # a rejected start's reason code, or a failed run's (Failure)
     continued_as: str | None = None
     retried_as: str | None = None  # retried with new input as this run
     facts: int = 0  # facts applied: the next fact's index in the projection

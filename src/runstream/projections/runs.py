@@ -7,7 +7,9 @@ WriteBatch, so the model never counts an event twice nor skips one. It starts ov
 the topic was recreated (another topic id, or stored offsets past the topic's end).
 
 Keys (raw bytes; ``T`` is ``2**63 - 1 - started_at_ms``, 8 bytes big-endian, so an index
-lists the newest runs first; ``|s|`` is ``s`` prefixed with its length, 2 bytes):
+lists the newest runs first; ``|s|`` is ``s`` prefixed with its length, 2 bytes; a field
+longer than 2 bytes can say is clipped there, to a head and a digest of the whole: the
+row keeps it whole and a query compares whole values, so listings stay exact):
 
     r <run>                                   the run's row (JSON, `RunRow`)
     e <run> 00 <n: 4B BE>                     its n-th lifecycle event, as read
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import hashlib
 import json
 import logging
 import shutil
@@ -46,6 +49,7 @@ from runstream.schemas.records import TERMINAL, Kind, LifecycleEvent, Status, ru
 log = logging.getLogger("runstream.projections")
 
 _MAX_MS = (1 << 63) - 1
+_FIELD_MAX = (1 << 16) - 1  # the longest field a 2-byte length says
 _TOPIC_KEY, _PARTIAL_KEY = b"mtopic", b"mpartial"
 _KINDS = frozenset(Kind)
 _ENDS = frozenset({Kind.RUN_COMPLETED, Kind.RUN_FAILED, Kind.RUN_CANCELLED, Kind.RUN_DEAD})
@@ -311,6 +315,8 @@ class RunsModel:
                 batch.delete(key)
             for key in new - old:
                 batch.put(key, b"")
+            if new - old and (long := _long_fields(after)):
+                log.warning("run %r: %s clipped in the runs index", after.run_id, long)
             if before is not None:
                 counts[_count_key(before)] -= 1
             counts[_count_key(after)] += 1
@@ -356,9 +362,9 @@ class RunsModel:
             return sum(1 for _ in self._scan(query, None))
         return sum(
             v.statuses.get(query.status, 0) if query.status is not None else v.total
-            for v in self.versions()
-            if (query.workflow is None or v.workflow == query.workflow)
-            and (query.version is None or v.version == query.version)
+            for v in self.versions()  # the counters hold long names clipped: compare so
+            if (query.workflow is None or _pack(v.workflow) == _pack(query.workflow))
+            and (query.version is None or _pack(v.version) == _pack(query.version))
         )
 
     def versions(self) -> list[VersionCount]:
@@ -440,7 +446,17 @@ def _successor(prefix: bytes) -> bytes:
 
 def _pack(s: str) -> bytes:
     b = s.encode()
+    if len(b) > _FIELD_MAX:  # a head and the whole's digest: distinct values stay distinct
+        digest = hashlib.sha256(b).hexdigest()
+        b = b[: _FIELD_MAX - 100].decode(errors="ignore").encode() + f"...{digest}".encode()
     return len(b).to_bytes(2, "big") + b
+
+
+def _long_fields(row: RunRow) -> str:
+    """Which of a row's indexed fields are too long for the index ('' if none)."""
+    fields = [("workflow", row.workflow), ("version", row.version), ("status", row.status)]
+    fields += [(f"tag {k[:40]!r}", s) for k, v in row.tags.items() for s in (k, v)]
+    return ", ".join(dict.fromkeys(name for name, s in fields if len(s.encode()) > _FIELD_MAX))
 
 
 def _unpack(data: bytes, n: int) -> list[str]:

@@ -645,6 +645,7 @@ class RunFailed(Record):
     at_ms: int
     error: str
     traceback: str
+    code: str | None = None  # errors.FAILURE_CODES; None in facts written before them
 
 
 @dataclass(frozen=True, slots=True)
