@@ -85,6 +85,6 @@ def commit(
         )
         ends = engine_log.commit()
     except TransactionAborted as exc:  # ended by the log, which rewound the consumer
-        log.warning("transaction not committed (%s); redoing the batch", exc)
+        log.warning("transaction aborted (%s); redoing the batch", exc)
         return None
     return Committed(encoded, ends)
