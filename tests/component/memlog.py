@@ -15,7 +15,7 @@ class (`RETRIABLE`, `TIMED_OUT`, `ABORTABLE`, `FATAL`), as a real `KafkaError`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,7 @@ CODEC = Codec.default()
 # One error of each class, as librdkafka raises them.
 RETRIABLE = KafkaError(KafkaError.CONCURRENT_TRANSACTIONS, "injected", retriable=True)
 TIMED_OUT = KafkaError(KafkaError._TIMED_OUT, "injected", retriable=True)
-ABORTABLE = KafkaError(KafkaError._INCONSISTENT, "injected", txn_requires_abort=True)
+ABORTABLE = KafkaError(KafkaError.TRANSACTION_ABORTABLE, "injected", txn_requires_abort=True)
 FATAL = KafkaError(KafkaError._FENCED, "injected", fatal=True)
 
 
@@ -160,7 +160,7 @@ class MemoryLog(Transactions):
                 key, value = records[o]
                 yield LogRecord(self.topics.journal, p, o, key, value)
 
-    def begin(self) -> None:
+    def begin(self, journal_partitions: Collection[int] = ()) -> None:
         def begin() -> None:
             assert self._txn is None, "a transaction is already open"
             self._call("begin_transaction")

@@ -1,14 +1,17 @@
 """The engine log's recovery from a transaction whose outcome is unknown, on a real
 broker: the producer is recreated (never aborted), the open transaction is fenced and
 stays invisible, the consumer is rewound to the committed offsets, and a commit that
-did land is recognised as such. (Each error class and the worker's redo of the batch:
-``tests/component/test_txn_errors.py``.)"""
+did land is recognised as such; the journal's headers name the transaction that did
+not commit, and the audit of them is clean. (Each error class and the worker's redo of
+the batch: ``tests/component/test_txn_errors.py``.)"""
 
 from __future__ import annotations
 
 import pytest
 from confluent_kafka import Producer
 
+from runstream.audit.txns import TxnLedger
+from runstream.engine.work import LogRecord
 from runstream.settings import Settings
 from runstream.topics.admin import client_config
 from runstream.topics.base import TransactionAborted
@@ -53,20 +56,25 @@ def poll_commands(log: KafkaLog) -> list[int]:
     return offsets
 
 
+def records(bootstrap: str, ns: str) -> list[LogRecord]:
+    return [r for batch in read_to_end(client_config(bootstrap), f"{ns}.journal") for r in batch]
+
+
 def journal(bootstrap: str, ns: str) -> list[bytes | None]:
-    return [
-        r.value for batch in read_to_end(client_config(bootstrap), f"{ns}.journal") for r in batch
-    ]
+    return [r.value for r in records(bootstrap, ns)]
 
 
 def test_a_commit_that_times_out_recreates_the_producer_fences_it_and_rewinds(kafka_bootstrap, ns):
     log = started_log(kafka_bootstrap, ns)
     try:
         assert poll_commands(log) == [0, 1, 2]
-        log.begin()
-        log.produce(log.topics.journal, 0, b"r", b"fact")
+        log.begin([0])
         log.send_offsets({0: 3})
-        log.call_timeout = 0  # the commit cannot finish: a real _TIMED_OUT
+        log.produce(log.topics.journal, 0, b"r", b"fact")
+        # The record is not acknowledged yet (a round trip, after linger.ms): the commit's
+        # flush times out, a real _TIMED_OUT, before its EndTxn is sent. (Given the time,
+        # the EndTxn may land even though the call timed out: see the next test.)
+        log.call_timeout = 0
         with pytest.raises(TransactionAborted, match="commit_transaction"):
             log.commit()
         assert log.recreations == 1 and log.aborts == 0
@@ -74,12 +82,20 @@ def test_a_commit_that_times_out_recreates_the_producer_fences_it_and_rewinds(ka
         assert log.committed([0]) == {0: 0}
         assert poll_commands(log) == [0, 1, 2]  # rewound
         log.call_timeout = 30
-        log.begin()  # the recreated producer works
+        log.begin([0])  # the recreated producer works
         log.produce(log.topics.journal, 0, b"r", b"fact again")
         log.send_offsets({0: 3})
-        assert log.commit() == {0: 2}  # offset 0 holds the fenced record, 1 its abort marker
+        assert set(log.commit()) == {0}  # the journal's end on partition 0
         assert journal(kafka_bootstrap, ns) == [b"fact again"]
         assert log.committed([0]) == {0: 3}
+        (record,) = records(kafka_bootstrap, ns)
+        headers = dict(record.headers)
+        assert headers["runstream-writer"].startswith(b"i1.")
+        assert headers["runstream-txn"] == b"2" and headers["runstream-txn-parts"] == b"0"
+        assert headers["runstream-aborted"] == b"1"  # the transaction that timed out
+        ledger = TxnLedger()
+        ledger.add(record.key, record.partition, record.offset, record.headers)
+        assert ledger.violations() == [] and ledger.named_aborted == 1
     finally:
         log.close()
 

@@ -7,7 +7,7 @@ in-memory one is never a user-facing backend.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Protocol
 
 from runstream.engine.limits import Limits
@@ -64,7 +64,9 @@ class EngineLog(Protocol):
         self, start: Mapping[int, int], stopping: Callable[[], bool]
     ) -> Iterator[LogRecord]: ...
 
-    def begin(self) -> None: ...
+    def begin(self, journal_partitions: Collection[int] = ()) -> None:
+        """Open a transaction that will write facts to ``journal_partitions``."""
+        ...
 
     def produce(
         self, topic: str, partition: int | None, key: bytes | None, value: bytes

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import (
@@ -53,7 +54,7 @@ from runstream.topics.admin import (
 from runstream.topics.base import Ownership
 from runstream.topics.logs import last_error
 from runstream.topics.spec import Topics
-from runstream.topics.txn import Action, Transactions, classify
+from runstream.topics.txn import Action, Transactions, classify, evidence
 from runstream.topics.watchdog import Watchdog
 
 log = logging.getLogger("runstream.kafka")
@@ -235,6 +236,13 @@ class KafkaLog(Transactions):
         self._sent: dict[int, int] = {}  # the command offsets of the open transaction
         self._acked: dict[int, int] = {}  # each partition's committed offset, as last known
         self.call_timeout = 30.0  # seconds a call to the coordinator waits (then: unknown)
+        # The journal's evidence of each transaction (`topics.txn.evidence`): this life's
+        # name, the last sequence number given, the open transaction's, and those of the
+        # transactions that ended uncommitted since the last one that committed.
+        self._writer = f"{instance_id}.{uuid.uuid4().hex[:8]}"
+        self._seq, self._txn_seq, self._aborted = 0, 0, list[int]()
+        self._parts: Collection[int] = ()
+        self._headers: list[tuple[str, bytes]] | None = None
         # Two transactional producers take turns. A transaction's commit returns before the
         # coordinator has written its markers, and until then the same producer's next
         # transaction is refused (CONCURRENT_TRANSACTIONS; librdkafka has no KIP-890). The other
@@ -374,9 +382,9 @@ class KafkaLog(Transactions):
     def _producer(self) -> Producer:
         return self._producers[0][1]
 
-    def begin(self) -> None:
+    def begin(self, journal_partitions: Collection[int] = ()) -> None:
         self._journal_ends.clear()
-        self._sent = {}
+        self._sent, self._parts, self._headers, self._txn_seq = {}, journal_partitions, None, 0
         self._producers.reverse()  # take turns (see __init__)
         self._must("begin_transaction", self._producer.begin_transaction)
 
@@ -384,6 +392,8 @@ class KafkaLog(Transactions):
         kwargs: dict[str, Any] = {"key": key, "value": value}
         if partition is not None:
             kwargs["partition"] = partition
+        if topic == self.topics.journal:
+            kwargs["headers"] = self._evidence()
         try:
             self._produce(topic, kwargs)
         except KafkaException as exc:  # rare: off the fast path
@@ -393,6 +403,15 @@ class KafkaLog(Transactions):
                 self._transact("produce", lambda: self._produce(topic, kwargs))
             else:
                 self._act("produce", action, err)
+
+    def _evidence(self) -> list[tuple[str, bytes]]:
+        """The headers of the open transaction's journal records; the first one gives
+        the transaction its sequence number."""
+        if self._headers is None:
+            self._seq += 1
+            self._txn_seq = self._seq
+            self._headers = evidence(self._writer, self._seq, self._parts, self._aborted)
+        return self._headers
 
     def _produce(self, topic: str, kwargs: dict[str, Any]) -> None:
         while True:
@@ -418,10 +437,16 @@ class KafkaLog(Transactions):
             "commit_transaction", lambda: self._producer.commit_transaction(self.call_timeout)
         )
         self._acked.update(self._sent)
+        if self._txn_seq:  # its journal records named the aborted ones
+            self._aborted = []
         return dict(self._journal_ends)
 
     def _abort_call(self) -> None:
         self._producer.abort_transaction(self.call_timeout)
+
+    def _not_committed(self) -> None:
+        if self._txn_seq:
+            self._aborted.append(self._txn_seq)
 
     def _recreate(self) -> None:
         """A new producer with the current one's transactional id. The old one is dropped

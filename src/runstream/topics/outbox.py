@@ -73,13 +73,14 @@ def commit(
     turned out not to have committed): the batch is then redone.
     ``position(p)`` is the next command offset of an owned partition ``b`` did not consume."""
     records, encoded = outbox(b, topics, codec, engine_log.partitions)
+    journal = {b.partition_of(f.run_id) for f in b.effects.facts}
     try:
-        engine_log.begin()
+        engine_log.begin(journal)
         for record in records:
             engine_log.produce(*record)
         # Offsets of every partition this transaction writes to, consumed from or not:
         # the group generation they carry fences a zombie that lost p (KIP-447).
-        written = {b.partition_of(f.run_id) for f in b.effects.facts} | b.consumed.keys()
+        written = journal | b.consumed.keys()
         engine_log.send_offsets(
             {p: b.consumed[p][1] + 1 if p in b.consumed else position(p) for p in written}
         )

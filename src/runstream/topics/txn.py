@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from typing import NoReturn
 
 from confluent_kafka import KafkaError, KafkaException
@@ -77,6 +77,35 @@ def classify(call: str, err: KafkaError) -> Action:
     return Action.FATAL
 
 
+#: The journal's evidence of its transactions (`audit.txns`), as Kafka header names.
+WRITER, TXN, PARTS, ABORTED = (
+    "runstream-writer",
+    "runstream-txn",
+    "runstream-txn-parts",
+    "runstream-aborted",
+)
+
+
+def numbers(raw: bytes) -> list[int]:
+    """``b"3,4"`` -> [3, 4]."""
+    return [int(n) for n in raw.decode().split(",") if n]
+
+
+def evidence(
+    writer: str, seq: int, parts: Collection[int], aborted: Sequence[int]
+) -> list[tuple[str, bytes]]:
+    """The headers of each journal record of transaction ``seq`` of ``writer`` (what they
+    mean, and what the audit makes of them: `audit.txns`)."""
+    out = [
+        (WRITER, writer.encode()),
+        (TXN, str(seq).encode()),
+        (PARTS, ",".join(map(str, sorted(parts))).encode()),
+    ]
+    if aborted:
+        out.append((ABORTED, ",".join(map(str, aborted)).encode()))
+    return out
+
+
 class Transactions:
     """The transactional calls of an engine log, each acting on its error's class.
 
@@ -102,6 +131,9 @@ class Transactions:
     def _landed(self) -> bool:
         """After a recreation: whether the transaction whose commit was unknown committed."""
         raise NotImplementedError
+
+    def _not_committed(self) -> None:
+        """The open transaction ended without committing (to be named aborted)."""
 
     def _transact(self, what: str, call: Callable[[], object], limit: float = 45.0) -> None:
         """``call`` (the producer's ``what``), again while it is retriable; on any other
@@ -152,6 +184,7 @@ class Transactions:
             if what == "commit_transaction" and self._landed():
                 log.warning("%s: the transaction committed after all", what)
                 return
+        self._not_committed()
         self._rewind()
         raise TransactionAborted(f"{what}: {err}")
 
