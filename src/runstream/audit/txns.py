@@ -38,7 +38,7 @@ from runstream.topics.txn import ABORTED, PARTS, TXN, WRITER, numbers
 class _Txn:
     parts: frozenset[int]
     key: str  # the run of its first record, to name it by
-    seen: dict[int, list[int]] = field(default_factory=dict)  # partition -> offsets
+    seen: dict[int, int] = field(default_factory=dict)  # partition -> its first offset there
 
 
 @dataclass
@@ -78,7 +78,7 @@ class TxnLedger:
                 )
             )
         self._last[writer, partition] = max(seq, last or 0)
-        txn.seen.setdefault(partition, []).append(offset)
+        txn.seen.setdefault(partition, offset)
 
     @property
     def committed(self) -> int:
@@ -95,7 +95,7 @@ class TxnLedger:
         for (writer, seq), txn in sorted(self.txns.items()):
             last[writer] = max(seq, last.get(writer, 0))
             p = min(txn.seen)
-            at = tuple(txn.seen[p][:1])
+            at = (txn.seen[p],)
             said = self.aborted[writer].get(seq)
             if said is not None:
                 out.append(
