@@ -7,22 +7,36 @@ against the real broker in ``tests/kafka``. Never a user-facing backend.
 `Cluster` is the "broker": topics of partitions of (key, value) lists and the group's
 committed offsets. Records a transaction produces become visible at its commit, all at
 once, as with read_committed.
+
+`MemoryLog` runs its transactional calls through the engine's own error policy
+(`topics.txn.Transactions`); `fail` makes a call raise a librdkafka error of a given
+class (`RETRIABLE`, `TIMED_OUT`, `ABORTABLE`, `FATAL`), as a real `KafkaError`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
 
 from runstream.engine.limits import Limits
 from runstream.engine.partitioner import partition_for
 from runstream.engine.work import LogRecord
 from runstream.schemas.codec import Codec
-from runstream.topics.base import Ownership, TransactionAborted
+from runstream.topics.base import Ownership
 from runstream.topics.spec import Topics
+from runstream.topics.txn import Transactions
+from runstream.topics.watchdog import Watchdog
 
 CODEC = Codec.default()
+
+# One error of each class, as librdkafka raises them.
+RETRIABLE = KafkaError(KafkaError.CONCURRENT_TRANSACTIONS, "injected", retriable=True)
+TIMED_OUT = KafkaError(KafkaError._TIMED_OUT, "injected", retriable=True)
+ABORTABLE = KafkaError(KafkaError.TRANSACTION_ABORTABLE, "injected", txn_requires_abort=True)
+FATAL = KafkaError(KafkaError._FENCED, "injected", fatal=True)
 
 
 @dataclass
@@ -50,10 +64,11 @@ class Cluster:
         ]
 
 
-class MemoryLog:
+class MemoryLog(Transactions):
     """One engine instance's log over a `Cluster`."""
 
     def __init__(self, cluster: Cluster, ns: str = "mem") -> None:
+        self.watchdog = Watchdog(exit_on_hang=False)
         self.cluster, self.topics, self.partitions = cluster, Topics(ns), cluster.partitions
         self.limits = Limits()
         self.owner: Ownership | None = None
@@ -64,10 +79,27 @@ class MemoryLog:
         self._to_revoke: list[int] = []
         self._txn: list[tuple[str, int | None, bytes | None, bytes]] | None = None
         self._offsets: dict[int, int] = {}
-        self.fail_commits = 0  # the next n commits fail as abortable
+        self._ends: dict[int, int] = {}  # the journal's end per partition written
+        self._faults: dict[str, list[tuple[KafkaError, bool]]] = {}
+        self._landed_last = False  # whether the transaction last ended committed
         self.commits = 0
         self.journal_batches: list[tuple[int, Any]] = []  # (commit number, fact) as committed
-        self.aborts = 0
+        self.calls: list[str] = []  # every transactional call, in order
+
+    def fail(self, call: str, err: KafkaError, *, landed: bool = False, times: int = 1) -> None:
+        """Make the next ``times`` calls of the producer method ``call`` raise ``err``;
+        a ``commit_transaction`` that fails ``landed`` committed before the error."""
+        self._faults.setdefault(call, []).extend([(err, landed)] * times)
+
+    def _call(self, call: str, landed: bool = False) -> None:
+        """Raise the error injected for ``call``, if any (after committing, if it landed)."""
+        self.calls.append(call)
+        faults = self._faults.get(call)
+        if faults:
+            err, landed = faults.pop(0)
+            if landed:
+                self._apply()
+            raise KafkaException(err)
 
     # -- what tests do to it -------------------------------------------------------------
     def assign(self, partitions: list[int]) -> None:
@@ -128,41 +160,74 @@ class MemoryLog:
                 key, value = records[o]
                 yield LogRecord(self.topics.journal, p, o, key, value)
 
-    def begin(self) -> None:
-        assert self._txn is None, "a transaction is already open"
-        self._txn, self._offsets = [], {}
+    def begin(self, journal_partitions: Collection[int] = ()) -> None:
+        def begin() -> None:
+            assert self._txn is None, "a transaction is already open"
+            self._call("begin_transaction")
+            self._txn, self._offsets, self._ends = [], {}, {}
+
+        self._must("begin_transaction", begin)
 
     def produce(self, topic: str, partition: int | None, key: bytes | None, value: bytes) -> None:
-        assert self._txn is not None
-        self._txn.append((topic, partition, key, value))
+        def produce() -> None:
+            assert self._txn is not None
+            self._call("produce")
+            self._txn.append((topic, partition, key, value))
+
+        self._transact("produce", produce)
 
     def send_offsets(self, offsets: Mapping[int, int]) -> None:
-        assert self._txn is not None
-        for p in offsets:  # KIP-447: a partition we no longer own fences the transaction
-            if p not in self.owned:
-                raise TransactionAborted(f"partition {p} is not ours")
-        self._offsets = dict(offsets)
+        def send() -> None:
+            assert self._txn is not None
+            self._call("send_offsets_to_transaction")
+            for p in offsets:  # KIP-447: a partition we no longer own fences the transaction
+                if p not in self.owned:
+                    raise KafkaException(
+                        KafkaError(KafkaError.ILLEGAL_GENERATION, txn_requires_abort=True)
+                    )
+            self._offsets = dict(offsets)
+
+        self._transact("send_offsets_to_transaction", send)
 
     def commit(self) -> dict[int, int]:
+        def commit() -> None:
+            assert self._txn is not None
+            self._call("commit_transaction")
+            self._apply()
+
+        self._transact("commit_transaction", commit)
+        return self._ends
+
+    def _apply(self) -> None:
+        """The open transaction becomes visible, all at once."""
         assert self._txn is not None
-        if self.fail_commits:
-            self.fail_commits -= 1
-            raise TransactionAborted("injected")
-        ends: dict[int, int] = {}
         for topic, partition, key, value in self._txn:
             offset = self.cluster.append(topic, partition, key, value)
             if topic == self.topics.journal:
                 assert partition is not None
-                ends[partition] = offset + 1
+                self._ends[partition] = offset + 1
                 self.journal_batches.append((self.commits, CODEC.decode(value)))
         self.cluster.committed.update(self._offsets)
-        self._txn = None
+        self._txn, self._landed_last = None, True
         self.commits += 1
-        return ends
 
-    def abort(self) -> None:
-        self._txn = None
-        self.aborts += 1
+    # -- what the error policy does with it (`topics.txn`) ---------------------------------
+    def _abort_call(self) -> None:
+        self._call("abort_transaction")
+        self._txn, self._landed_last = None, False
+
+    def _recreate(self) -> None:
+        """The new producer's init_transactions ends what was open: not committed."""
+        self._call("init_transactions")
+        if self._txn is not None:
+            self._txn, self._landed_last = None, False
+
+    def _rewind(self) -> None:
+        for p in self.owned:
+            self.positions[p] = self.cluster.committed.get(p, 0)
+
+    def _landed(self) -> bool:
+        return self._landed_last
 
     def close(self) -> None:
         if self.owner is not None and self.owned:

@@ -24,7 +24,7 @@ from runstream.engine.rules import Rules
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import Record, Signal, StartRun
 
-from .memlog import Cluster, MemoryLog
+from .memlog import ABORTABLE, Cluster, MemoryLog
 
 CODEC = Codec.default()
 
@@ -132,11 +132,11 @@ def test_an_aborted_transaction_is_redone_without_loss_or_double_steps(tmp_path,
     rig.log.assign([0, 1, 2, 3])
     for i in range(10):
         start(cluster, ns, f"r{i}", "three", i * 10)
-    rig.log.fail_commits = 1  # the batch of starts
+    rig.log.fail("send_offsets_to_transaction", ABORTABLE)  # the batch of starts
     rig.turn()
     rig.turn()
     assert rig.log.aborts == 1 and not facts(cluster, ns)  # nothing of it is visible
-    rig.log.fail_commits = 1  # a batch that records step outcomes
+    rig.log.fail("send_offsets_to_transaction", ABORTABLE)  # a batch that records step outcomes
     rig.until(lambda: len(ended(cluster, ns)) == 10)
     assert rig.log.aborts == 2
     assert ended(cluster, ns) == {f"r{i}": i * 10 + 3 for i in range(10)}
@@ -261,7 +261,7 @@ def test_an_outcome_set_back_by_an_aborted_commit_is_committed_by_the_handover(t
     w1.log.assign([0, 1, 2, 3])
     start(cluster, ns, "g", "gated", 7)
     w1.until(lambda: bodies["slow 7"] == 1)
-    w1.log.fail_commits = 1
+    w1.log.fail("send_offsets_to_transaction", ABORTABLE)
     gate.set()
     w1.until(lambda: w1.log.aborts == 1)  # the outcome waits for the redo
     w1.log.revoke([partition_for(b"g", cluster.partitions)])
@@ -353,7 +353,7 @@ def test_steps_a_chain_ran_before_its_aborted_commit_do_not_run_again(tmp_path, 
     rig.until(lambda: len(rig.worker._owned) == 4)  # restored: commands from now on are fresh
     for i in range(5):
         start(cluster, ns, f"r{i}", "three", i * 10)
-    rig.log.fail_commits = 1  # the chain of the starts
+    rig.log.fail("send_offsets_to_transaction", ABORTABLE)  # the chain of the starts
     rig.until(lambda: len(ended(cluster, ns)) == 5)
     assert rig.log.aborts == 1
     assert ended(cluster, ns) == {f"r{i}": i * 10 + 3 for i in range(5)}
@@ -371,7 +371,7 @@ def test_a_step_still_running_when_its_chain_aborts_runs_once(tmp_path, ns):
     rig.log.assign([0, 1, 2, 3])
     rig.until(lambda: len(rig.worker._owned) == 4)
     start(cluster, ns, "g", "gated", 7)
-    rig.log.fail_commits = 1
+    rig.log.fail("send_offsets_to_transaction", ABORTABLE)
     rig.until(lambda: rig.log.aborts == 1)
     rig.until(lambda: facts(cluster, ns, "g"))  # redone and committed, the body still held
     gate.set()

@@ -17,6 +17,7 @@ from runstream.cli.main import cli
 from runstream.engine.partitioner import partition_for
 from runstream.schemas.codec import Codec
 from runstream.topics.admin import client_config, ensure_topics
+from runstream.topics.txn import evidence
 
 from .flows import make_app
 from .kit import PARTITIONS, ThreadWorker, read_topic, wait_for
@@ -66,6 +67,7 @@ def test_a_clean_namespace_passes(kafka_bootstrap, finished_namespace):
         "suspended: open signal wait": 1,
     }
     assert report.runs == 16 and report.facts > 100 and report.facts_per_second > 0
+    assert report.transactions > 0  # every journal record carries its transaction's evidence
 
     strict = audit(kafka_bootstrap, ns, expect_finished=True)
     assert [(v.run_id, v.message) for v in strict.violations] == [
@@ -102,6 +104,36 @@ def test_a_duplicate_step_completed_fails_the_audit(kafka_bootstrap, finished_na
     assert f" @{msg.offset()}," in line
     assert "'three-2'" in next(line for line in out.splitlines() if "after the terminal" in line)
     assert f"'sleepy-0' [p{wrong} @" in out and "belong on partition" in out
+
+
+def test_a_visible_transaction_the_engine_named_aborted_and_a_torn_one_fail_the_audit(
+    kafka_bootstrap, finished_namespace
+):
+    """What KAFKA-17754 would leave: a later record of the engine's writer names a
+    visible transaction aborted, and says it wrote to a partition where nothing of it is."""
+    ns = finished_namespace
+    journal = read_topic(kafka_bootstrap, f"{ns}.journal")
+    # the writer's last transaction, and one record of it
+    seq, msg = max(((int(dict(m.headers())["runstream-txn"]), m) for *_, m in journal), key=first)
+    writer = dict(msg.headers())["runstream-writer"]
+    other = (msg.partition() + 1) % PARTITIONS
+    forged = evidence(writer.decode(), seq + 1, [msg.partition(), other], [seq])
+    producer = Producer(client_config(kafka_bootstrap))
+    producer.produce(
+        f"{ns}.journal", msg.value(), msg.key(), partition=msg.partition(), headers=forged
+    )
+    assert producer.flush(10) == 0
+
+    result = CliRunner().invoke(cli, ["audit", ns, "--bootstrap", kafka_bootstrap])
+    assert result.exit_code == 1, result.output
+    out = result.stdout
+    assert f"transaction {seq} of writer {writer.decode()} is visible, but" in out
+    assert f"transaction {seq + 1} of writer {writer.decode()} is torn" in out
+    assert f"not on [{other}] which it wrote to" in out
+
+
+def first(pair: tuple[int, object]) -> int:
+    return pair[0]
 
 
 def _synthetic_run(codec: Codec, run_id: str, now: int) -> list[bytes]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import time
 
 import pytest
@@ -36,3 +38,16 @@ def test_a_call_begun_after_the_stop_gets_its_own_grace(short_grace, caplog):
             with dog.watch("commit_transaction", 45):
                 time.sleep(short_grace / 2)
     assert "abandoned" not in caplog.text
+
+
+def test_a_fatal_kafka_error_ends_the_process_with_its_own_status():
+    code = "from runstream.topics.watchdog import Watchdog; Watchdog().fatal('fenced')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == watchdog.EXIT_FATAL
+    assert "fenced" in done.stderr
+
+
+def test_with_exit_on_hang_off_a_fatal_error_is_only_said(caplog):
+    with caplog.at_level(logging.CRITICAL):
+        Watchdog(exit_on_hang=False).fatal("fenced")
+    assert "fenced (not exiting" in caplog.text

@@ -7,7 +7,8 @@ that id hashes to (Kafka's murmur2), so commands and journal stay co-partitioned
 with ``expect_finished``, that every child run a parent started did start, once, as that
 parent's child (a second start would be a second RunStarted in the child's journal);
 and that every named event a run received was matched to that wait by its entity, and
-each wait matched once.
+each wait matched once. And the journal's evidence of its transactions (`audit.txns`):
+none named aborted is visible, none is torn, no sequence number is used twice or lost.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runstream.audit.rules import RunCheck, Violation
+from runstream.audit.txns import TxnLedger
 from runstream.engine.partitioner import partition_for
 from runstream.errors import DecodeError, TopicError
 from runstream.schemas.codec import Codec
@@ -52,6 +54,8 @@ class AuditReport:
     # (run, seq) -> its RunRecovered facts: how often a step was restarted after a crash
     recovered: Counter[tuple[str, int]] = field(default_factory=Counter)
     dead_letters: int = 0  # dlq records of any kind
+    transactions: int = 0  # with a visible journal record and the evidence headers
+    aborted_transactions: int = 0  # named aborted by a later one
 
     @property
     def ok(self) -> bool:
@@ -71,6 +75,8 @@ class AuditReport:
             "statuses": dict(sorted(self.statuses.items())),
             "recovered": self.recovered.total(),
             "dead_letters": self.dead_letters,
+            "transactions": self.transactions,
+            "aborted_transactions": self.aborted_transactions,
             "violations": [
                 {
                     "run_id": v.run_id,
@@ -127,9 +133,11 @@ def audit(
     matched: defaultdict[tuple[str, int], list[tuple[str, int, int]]] = defaultdict(list)
     received: list[tuple[str, int, str, int, int]] = []  # (run, seq, event, p, offset)
     n_parts: int | None = None
+    ledger = TxnLedger()
     for batch in read(topics.journal):
         for rec in batch:
             report.facts += 1
+            ledger.add(rec.key, rec.partition, rec.offset, rec.headers)
             if progress is not None and report.facts % 100_000 == 0:
                 progress(report.facts, time.monotonic() - began)
             p, offset = rec.partition, rec.offset
@@ -195,6 +203,8 @@ def audit(
                 )
             )
     report.violations += misplaced
+    report.violations += ledger.violations()
+    report.transactions, report.aborted_transactions = ledger.committed, ledger.named_aborted
     for (run_id, seq), matches in matched.items():  # each wait gets one event at most
         if len(matches) > 1:
             why = f"its wait at seq {seq} was matched {len(matches)} times"

@@ -27,7 +27,9 @@ def audit(namespace: str, bootstrap: str | None, expect_finished: bool, as_json:
     One fact settles each step, timer and signal wait, at most once; sequence
     numbers have no gaps; a finished run has one terminal fact and nothing after
     it; every record is on its run's partition; every dead run is on the dlq;
-    an unfinished run waits for something. Exits 1 if anything is violated.
+    an unfinished run waits for something. And the engine's transactions: none it
+    gave up (aborted) is visible, none is torn across partitions, no transaction
+    sequence number is used twice or lost. Exits 1 if anything is violated.
     """
 
     def progress(facts: int, seconds: float) -> None:
@@ -49,6 +51,10 @@ def audit(namespace: str, bootstrap: str | None, expect_finished: bool, as_json:
         click.echo(
             f"  step recoveries after a crash: {report.recovered.total():,}; "
             f"dlq records: {report.dead_letters:,}"
+        )
+        click.echo(
+            f"  engine transactions visible: {report.transactions:,}; "
+            f"named aborted: {report.aborted_transactions:,}"
         )
         if report.ok:
             click.echo("OK: no violations")

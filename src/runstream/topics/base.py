@@ -7,7 +7,7 @@ in-memory one is never a user-facing backend.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Protocol
 
 from runstream.engine.limits import Limits
@@ -16,7 +16,8 @@ from runstream.errors import RunstreamError
 
 
 class TransactionAborted(RunstreamError):
-    """The transaction cannot commit (abortable): abort it, rewind, and redo the batch."""
+    """The transaction did not commit and has been ended (aborted, or its producer
+    recreated), the consumer rewound to the committed offsets: redo the batch."""
 
 
 class Ownership(Protocol):
@@ -33,8 +34,9 @@ class EngineLog(Protocol):
     Assigned partitions start paused; `resume` them once their projection caught up.
     A transaction is `begin`, any number of `produce`, `send_offsets` (the next command
     offset of every partition the transaction decides for), then `commit`, which returns
-    the journal's new end offset per partition written. `send_offsets` and `commit`
-    raise `TransactionAborted` when the batch must be redone after `abort`.
+    the journal's new end offset per partition written. Any of them raises
+    `TransactionAborted` when the batch must be redone: the log has then ended the
+    transaction itself and rewound the consumer (`topics.txn` says when and how).
     """
 
     partitions: int
@@ -62,7 +64,9 @@ class EngineLog(Protocol):
         self, start: Mapping[int, int], stopping: Callable[[], bool]
     ) -> Iterator[LogRecord]: ...
 
-    def begin(self) -> None: ...
+    def begin(self, journal_partitions: Collection[int] = ()) -> None:
+        """Open a transaction that will write facts to ``journal_partitions``."""
+        ...
 
     def produce(
         self, topic: str, partition: int | None, key: bytes | None, value: bytes
@@ -71,7 +75,5 @@ class EngineLog(Protocol):
     def send_offsets(self, offsets: Mapping[int, int]) -> None: ...
 
     def commit(self) -> dict[int, int]: ...
-
-    def abort(self) -> None: ...
 
     def close(self) -> None: ...

@@ -9,14 +9,16 @@
 
 Errors leave as Runstream's own: `KafkaUnavailable` when no broker answers,
 `TransactionAborted` when a transaction must be redone, `KafkaFatal` when the producer
-is unusable for good (fenced by a newer instance).
+is unusable for good (fenced by a newer instance). What each transactional error means
+and what is done about it is in `topics.txn`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import (
@@ -51,9 +53,10 @@ from runstream.topics.admin import (
     partition_count,
     wait_for_cluster,
 )
-from runstream.topics.base import Ownership, TransactionAborted
+from runstream.topics.base import Ownership
 from runstream.topics.logs import last_error
 from runstream.topics.spec import Topics
+from runstream.topics.txn import Action, Transactions, classify, evidence
 from runstream.topics.watchdog import Watchdog
 
 log = logging.getLogger("runstream.kafka")
@@ -63,6 +66,10 @@ _LEADER_MOVES = (
     KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError.UNKNOWN_TOPIC_OR_PART,
 )
+
+
+def _never() -> bool:
+    return False
 
 
 def open_engine_log(
@@ -199,7 +206,7 @@ def consume_records(consumer: Consumer, timeout: float, limit: int, what: str) -
     return records
 
 
-class KafkaLog:
+class KafkaLog(Transactions):
     """An engine instance's view of Kafka (see `topics.base.EngineLog`).
 
     Args:
@@ -229,6 +236,16 @@ class KafkaLog:
         self._config = config
         ns = topics.ns
         self._journal_ends: dict[int, int] = {}
+        self._sent: dict[int, int] = {}  # the command offsets of the open transaction
+        self._acked: dict[int, int] = {}  # each partition's committed offset, as last known
+        self.call_timeout = 30.0  # seconds a call to the coordinator waits (then: unknown)
+        # The journal's evidence of each transaction (`topics.txn.evidence`): this life's
+        # name, the last sequence number given, the open transaction's, and those of the
+        # transactions that ended uncommitted since the last one that committed.
+        self._writer = f"{instance_id}.{uuid.uuid4().hex[:8]}"
+        self._seq, self._txn_seq, self._aborted = 0, 0, list[int]()
+        self._parts: Collection[int] = ()
+        self._headers: list[tuple[str, bytes]] | None = None
         # Two transactional producers take turns. A transaction's commit returns before the
         # coordinator has written its markers, and until then the same producer's next
         # transaction is refused (CONCURRENT_TRANSACTIONS; librdkafka has no KIP-890). The other
@@ -236,24 +253,22 @@ class KafkaLog:
         # p90 39 -> 24 ms. Transactions stay strictly sequential (the next begins once the
         # previous commit returned), so journal order and committed offsets keep their order.
         # The first id is the one engines before this change used: an upgrade fences it.
-        self._producers = [
-            Producer(
-                {
-                    **config,
-                    "transactional.id": f"{ns}.engine.{instance_id}{suffix}",
-                    "transaction.timeout.ms": transaction_timeout_ms,
-                    "linger.ms": 1,
-                    # A refused AddPartitions is retried after retry.backoff.ms, which grows
-                    # exponentially (100 ms to 1 s by default): keep it short and capped.
-                    "retry.backoff.ms": 5,
-                    "retry.backoff.max.ms": 20,
-                    "partitioner": "murmur2_random",
-                    "on_delivery": self._delivered,
-                }
-            )
+        configs = [
+            {
+                **config,
+                "transactional.id": f"{ns}.engine.{instance_id}{suffix}",
+                "transaction.timeout.ms": transaction_timeout_ms,
+                "linger.ms": 1,
+                # A refused AddPartitions is retried after retry.backoff.ms, which grows
+                # exponentially (100 ms to 1 s by default): keep it short and capped.
+                "retry.backoff.ms": 5,
+                "retry.backoff.max.ms": 20,
+                "partitioner": "murmur2_random",
+                "on_delivery": self._delivered,
+            }
             for suffix in ("", ".b")
         ]
-        self._producer = self._producers[0]
+        self._producers = [(c, Producer(c)) for c in configs]  # the current one first
         self._consumer = Consumer(
             {
                 **config,
@@ -285,7 +300,7 @@ class KafkaLog:
         deadline = time.monotonic() + 60
         while not stopping():
             try:
-                for producer in self._producers:
+                for _, producer in self._producers:
                     producer.init_transactions(1)  # short steps: stay stoppable
                 break
             except KafkaException as exc:
@@ -335,6 +350,7 @@ class KafkaLog:
             if offset < 0:  # nothing committed yet: the partition's first offset
                 offset = self._consumer.get_watermark_offsets(tp, timeout=30)[0]
             out[tp.partition] = offset
+        self._acked.update(out)
         return out
 
     def end_offsets(self, partitions: Iterable[int]) -> dict[int, int]:
@@ -390,63 +406,118 @@ class KafkaLog:
         )
         return {tp.partition: int(f.result().offset) for tp, f in futures.items()}
 
-    # -- the transactional writer ------------------------------------------------------
-    def begin(self) -> None:
+    # -- the transactional writer (what its errors mean: `topics.txn`) -----------------
+    @property
+    def _producer(self) -> Producer:
+        return self._producers[0][1]
+
+    def begin(self, journal_partitions: Collection[int] = ()) -> None:
         self._journal_ends.clear()
+        self._sent, self._parts, self._headers, self._txn_seq = {}, journal_partitions, None, 0
         self._producers.reverse()  # take turns (see __init__)
-        self._producer = self._producers[0]
-        self._txn("begin_transaction", self._producer.begin_transaction)
+        self._must("begin_transaction", self._producer.begin_transaction)
 
     def produce(self, topic: str, partition: int | None, key: bytes | None, value: bytes) -> None:
         kwargs: dict[str, Any] = {"key": key, "value": value}
         if partition is not None:
             kwargs["partition"] = partition
+        if topic == self.topics.journal:
+            kwargs["headers"] = self._evidence()
+        try:
+            self._produce(topic, kwargs)
+        except KafkaException as exc:  # rare: off the fast path
+            err = exc.args[0]
+            action = classify("produce", err)
+            if action is Action.RETRY:
+                self._transact("produce", lambda: self._produce(topic, kwargs))
+            else:
+                self._act("produce", action, err)
+
+    def _evidence(self) -> list[tuple[str, bytes]]:
+        """The headers of the open transaction's journal records; the first one gives
+        the transaction its sequence number."""
+        if self._headers is None:
+            self._seq += 1
+            self._txn_seq = self._seq
+            self._headers = evidence(self._writer, self._seq, self._parts, self._aborted)
+        return self._headers
+
+    def _produce(self, topic: str, kwargs: dict[str, Any]) -> None:
         while True:
             try:
                 self._producer.produce(topic, **kwargs)
                 return
             except BufferError:  # the local queue is full: let librdkafka send some
                 self._producer.poll(0.05)
-            except KafkaException as exc:
-                raise self._error("produce", exc.args[0]) from exc
 
     def send_offsets(self, offsets: Mapping[int, int]) -> None:
         """Commit these next command offsets with the transaction (KIP-447 fencing)."""
+        self._sent = dict(offsets)
         tps = [TopicPartition(self.topics.commands, p, o) for p, o in offsets.items()]
         metadata = self._consumer.consumer_group_metadata()
-        self._txn(
+        self._transact(
             "send_offsets_to_transaction",
-            lambda: self._producer.send_offsets_to_transaction(tps, metadata, 30),
+            lambda: self._producer.send_offsets_to_transaction(tps, metadata, self.call_timeout),
         )
 
     def commit(self) -> dict[int, int]:
         """Commit; the journal's end offset per partition written."""
-        self._txn("commit_transaction", lambda: self._producer.commit_transaction(30))
+        self._transact(
+            "commit_transaction", lambda: self._producer.commit_transaction(self.call_timeout)
+        )
+        self._acked.update(self._sent)
+        if self._txn_seq:  # its journal records named the aborted ones
+            self._aborted = []
         return dict(self._journal_ends)
 
-    def abort(self) -> None:
-        self._txn("abort_transaction", lambda: self._producer.abort_transaction(30))
+    def _abort_call(self) -> None:
+        self._producer.abort_transaction(self.call_timeout)
 
-    def _txn(self, what: str, call: Callable[[], object], limit: float = 45.0) -> None:
-        """Call a transactional API, again while librdkafka says the error is retriable.
-        Past ``limit`` seconds the watchdog ends the process."""
-        with self.watchdog.watch(what, limit):
-            while True:
-                try:
-                    call()
-                    return
-                except KafkaException as exc:
-                    err = exc.args[0]
-                    if not err.retriable():
-                        raise self._error(what, err) from exc
-                    log.warning("%s: %s; retrying", what, err)
-                    time.sleep(0.1)
+    def _not_committed(self) -> None:
+        if self._txn_seq:
+            self._aborted.append(self._txn_seq)
 
-    @staticmethod
-    def _error(what: str, err: KafkaError) -> Exception:
-        if err.txn_requires_abort():
-            return TransactionAborted(f"{what}: {err}")
-        return KafkaFatal(f"{what}: {err}")
+    def _recreate(self) -> None:
+        """A new producer with the current one's transactional id. The old one is dropped
+        without a call that would abort or flush (its outcome is unknown); the new one's
+        init_transactions waits until the open transaction has ended and fences it."""
+        config, old = self._producers[0]
+        with self.watchdog.watch("dropping the producer", 45):
+            old.purge(in_queue=True, in_flight=True, blocking=False)
+            del old
+            self._producers[0] = (config, Producer(config))  # the last reference goes
+        self._must("init_transactions", lambda: self._producer.init_transactions(30), 75)
+
+    def _rewind(self) -> None:
+        """Seek every assigned command partition to the group's committed offset."""
+        assigned = [tp.partition for tp in self._consumer.assignment()]
+        if not assigned:
+            return
+        for p, offset in self.committed(assigned).items():
+            try:
+                self.seek(p, offset)
+            except KafkaException as exc:  # not fetching yet: it starts there anyway
+                log.debug("rewinding partition %d: %s", p, exc.args[0])
+
+    def _landed(self) -> bool:
+        """Whether the transaction just ended by a recreation committed: a command offset
+        it moved is the group's now, or else the last journal record it wrote is visible
+        (read_committed). A transaction that did neither is taken as not committed."""
+        moved = {p: o for p, o in self._sent.items() if self._acked.get(p) != o}
+        if moved:
+            now = self.committed(moved)
+            landed = any(now[p] == o for p, o in moved.items())
+        elif self._journal_ends:
+            p, end = max(self._journal_ends.items())
+            landed = False
+            for record in self.read_journal({p: end - 1}, _never):  # its first record only
+                landed = record.offset == end - 1
+                break
+        else:
+            landed = False
+        if landed:
+            self._acked.update(self._sent)
+        return landed
 
     def _delivered(self, err: KafkaError | None, msg: Message) -> None:
         # A failed delivery needs nothing here: commit_transaction then fails as abortable.
@@ -461,7 +532,7 @@ class KafkaLog:
         for what, close in (
             ("consumer", self._consumer.close),
             ("restorer", self._restorer.close),
-            *(("producer", lambda p=p: p.flush(1)) for p in self._producers),
+            *(("producer", lambda p=p: p.flush(1)) for _, p in self._producers),
         ):
             try:
                 close()  # the consumer's on_revoke releases the projections

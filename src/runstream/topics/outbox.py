@@ -69,22 +69,23 @@ def commit(
     position: Callable[[int], int],
 ) -> Committed | None:
     """Produce everything ``b`` decided and commit it with the consumed offsets, in one
-    transaction; None when it had to be aborted (the batch is then redone).
+    transaction; None when it did not commit (aborted, or its outcome was unknown and it
+    turned out not to have committed): the batch is then redone.
     ``position(p)`` is the next command offset of an owned partition ``b`` did not consume."""
     records, encoded = outbox(b, topics, codec, engine_log.partitions)
-    engine_log.begin()
+    journal = {b.partition_of(f.run_id) for f in b.effects.facts}
     try:
+        engine_log.begin(journal)
         for record in records:
             engine_log.produce(*record)
         # Offsets of every partition this transaction writes to, consumed from or not:
         # the group generation they carry fences a zombie that lost p (KIP-447).
-        written = {b.partition_of(f.run_id) for f in b.effects.facts} | b.consumed.keys()
+        written = journal | b.consumed.keys()
         engine_log.send_offsets(
             {p: b.consumed[p][1] + 1 if p in b.consumed else position(p) for p in written}
         )
         ends = engine_log.commit()
-    except TransactionAborted as exc:
+    except TransactionAborted as exc:  # ended by the log, which rewound the consumer
         log.warning("transaction aborted (%s); redoing the batch", exc)
-        engine_log.abort()
         return None
     return Committed(encoded, ends)

@@ -27,6 +27,8 @@ log = logging.getLogger("runstream.worker")
 EXIT_HUNG = 75
 #: Stopped on request, but a Kafka call in progress had to be abandoned (nothing is lost).
 EXIT_ABANDONED = 76
+#: A Kafka producer became unusable for good (fenced, unauthorised): see `topics.txn`.
+EXIT_FATAL = 77
 #: After a stop request, how long a blocked Kafka call may still take.
 STOP_GRACE = 1.5
 
@@ -35,7 +37,9 @@ __doc__ += f"""
 - {EXIT_HUNG}: ended itself so that it restarts (a Kafka call hung, or workflow code
   blocked in a call that cannot be interrupted);
 - {EXIT_ABANDONED}: stopped on request while a Kafka call was blocked; the call was
-  abandoned (its transaction is aborted by Kafka; nothing committed is lost).
+  abandoned (its transaction is aborted by Kafka; nothing committed is lost);
+- {EXIT_FATAL}: Kafka refused the instance's transactional producer for good (fenced by
+  another process with the same instance id, unauthorised).
 """
 
 
@@ -78,6 +82,10 @@ class Watchdog:
                 self._exit(EXIT_ABANDONED, f"stopping: abandoned {what}, which did not return")
             elif now > deadline:
                 self._exit(EXIT_HUNG, f"{what} did not return; exiting so this instance restarts")
+
+    def fatal(self, message: str) -> None:
+        """A Kafka client is unusable for good: end the process with `EXIT_FATAL`."""
+        self._exit(EXIT_FATAL, message)
 
     def _exit(self, code: int, message: str) -> None:
         if not self.exit_on_hang:  # an engine on a thread of a bigger program: only say it
