@@ -24,43 +24,21 @@ from collections.abc import Callable, Iterable
 from runstream.engine.limits import Limits
 from runstream.engine.partitioner import partition_for
 from runstream.engine.reducer import apply
-from runstream.engine.rules import Activation, Rejected, Rules
+from runstream.engine.rules import HANDLERS, Activation, Rejected, Rules
+from runstream.engine.rules.core import emit
+from runstream.engine.rules.runs import run_info
 from runstream.engine.state import RunState
-from runstream.engine.work import (
-    Batch,
-    Forward,
-    HandOver,
-    LogRecord,
-    Recover,
-    Resume,
-    StepOutcome,
-    TimerDue,
-    Waiter,
-    Work,
-)
+from runstream.engine.work import Batch, Forward, LogRecord, Waiter, Work
 from runstream.engine.workflow import Registry
 from runstream.errors import DecodeError
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
-    Acquire,
-    Cancel,
-    ChildResult,
     Command,
     DeadLetter,
-    DeliverEvent,
-    Grant,
-    Heartbeat,
-    PublishEvent,
-    Query,
     Reason,
-    Release,
-    Retry,
+    RunInfo,
     RunRejected,
-    ScheduleCommand,
-    Signal,
     StartRun,
-    StepResult,
-    Subscribe,
     redrives_of,
     run_id_problem,
 )
@@ -99,21 +77,10 @@ class Decider:
     def handle(self, b: Batch, work: Work) -> str | None:
         """Decide ``work`` into ``b``; the run it was about (None for a record set aside
         before it named one, or forwarded). Never raises."""
-        rules = self.rules
-        match work:
-            case LogRecord():
-                return self._record(b, work)
-            case StepOutcome():
-                decision = lambda st: rules.step_outcome(b, st, work)  # noqa: E731
-            case TimerDue():
-                decision = lambda st: rules.timer_due(b, st, work.seq)  # noqa: E731
-            case Recover():
-                decision = lambda st: rules.recover(b, st)  # noqa: E731
-            case Resume():
-                decision = lambda st: rules.resume(b, st)  # noqa: E731
-            case HandOver():
-                decision = lambda st: rules.hand_over(b, st, work.began)  # noqa: E731
-        self._decide(b, work.partition, work.run_id, decision)
+        if isinstance(work, LogRecord):
+            return self._record(b, work)
+        rules, handler = self.rules, HANDLERS[type(work)]
+        self._decide(b, work.partition, work.run_id, lambda st: handler(rules, b, st, work))
         return work.run_id
 
     # -- commands ------------------------------------------------------------------
@@ -161,39 +128,12 @@ class Decider:
         """The shell dropped these runs' uncommitted facts: never resume ahead of them."""
         self.rules.replayer.forget(run_ids)
 
+    def run_info(self, st: RunState, request_id: str) -> RunInfo:
+        """What a Query learns about the run ``st`` (the shell answers waiting ones)."""
+        return run_info(self.rules, st, request_id)
+
     def _dispatch(self, b: Batch, st: RunState, cmd: Command) -> None:
-        rules = self.rules
-        match cmd:
-            case StartRun():
-                rules.start(b, st, cmd)
-            case Signal():
-                rules.signal(b, st, cmd)
-            case Cancel():
-                rules.cancel(b, st, cmd)
-            case Retry():
-                rules.retry(b, st, cmd)
-            case StepResult():
-                rules.step_result(b, st, cmd)
-            case Heartbeat():
-                rules.heartbeat(b, st, cmd)
-            case Acquire():
-                rules.acquire(b, st, cmd)
-            case Grant():
-                rules.grant(b, st, cmd)
-            case Release():
-                rules.release(b, st, cmd)
-            case ChildResult():
-                rules.child_result(b, st, cmd)
-            case PublishEvent():
-                rules.publish(b, st, cmd)
-            case Subscribe():
-                rules.subscribe(b, st, cmd)
-            case DeliverEvent():
-                rules.deliver_event(b, st, cmd)
-            case ScheduleCommand():
-                rules.schedule(b, st, cmd)
-            case Query():
-                rules.query(b, st, cmd)
+        HANDLERS[type(cmd)](self.rules, b, st, cmd)
 
     # -- the guard -----------------------------------------------------------------
     def _decide(
@@ -215,7 +155,7 @@ class Decider:
             self._dead_letter(b, cause, exc.code, exc.reason, run_id, p)
             if isinstance(cmd, StartRun) and not st.exists:
                 rejected = RunRejected(run_id, b.now, cmd.workflow[:1024], exc.code, exc.reason)
-                self.rules.emit(b, st, rejected)
+                emit(b, st, rejected)
         except Exception as exc:  # a bug must not block the partition: set the cause aside
             log.exception("decision failed for run %s", run_id)
             self._undo(b, run_id, mark)

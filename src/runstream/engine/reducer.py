@@ -203,7 +203,7 @@ def _settle(
 
 def _reopen(state: RunState, fact: RunRetried) -> None:
     """A failed or dead run goes on: each final step failure of ``fact.seqs`` becomes a
-    retry due now, so the step's next attempt starts (`Rules._run_step`)."""
+    retry due now, so the step's next attempt starts (`rules.steps.run_step`)."""
     state.status, state.ended_at_ms = Status.RUNNING, None
     state.error = state.reason = None
     state.recoveries = 0

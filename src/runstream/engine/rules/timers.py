@@ -1,0 +1,77 @@
+"""Due times: a durable sleep fires, a wait times out, a step's retry comes, a remote
+attempt's liveness is checked; and (seq 0) a run times out, a schedule fires, a limit
+grants its next permit; (`BATCH_SEQ`) an event entity's batch window closes."""
+
+from __future__ import annotations
+
+from runstream.engine.rules import core, events, limits, remote, schedules
+from runstream.engine.rules.context import Rules
+from runstream.engine.state import BATCH_SEQ, RunState, Status
+from runstream.engine.work import Batch, TimerDue
+from runstream.errors import TIMED_OUT
+from runstream.schemas.records import (
+    CompensationStarted,
+    EventAwaited,
+    EventTimedOut,
+    RunFailed,
+    SignalAwaited,
+    SignalTimedOut,
+    StepFailed,
+    StepStarted,
+    Subscribe,
+    TimerFired,
+    TimerScheduled,
+    correlation_id,
+)
+
+
+def timer_due(ctx: Rules, b: Batch, st: RunState, work: TimerDue) -> None:
+    """A due time of ``seq`` passed: fire the timer, retry the step, time the wait out,
+    or (seq 0) time the run out."""
+    seq = work.seq
+    if seq == BATCH_SEQ and st.batches:  # an event entity's batch window
+        events.close_batches(b, st)
+        return
+    if seq == 0:  # the run's own deadline, a schedule's next fire, a limit's next grant
+        if st.limit is not None:
+            limits.grant_waiting(b, st)
+        elif st.schedule is not None:
+            schedules.fire(b, st)
+        else:
+            _time_out(ctx, b, st)
+        return
+    fact = st.pending.get(seq)
+    if fact is None or st.status is Status.PARKED:
+        return
+    match fact:
+        case TimerScheduled(due_ms=due) if due <= b.now:
+            core.emit(b, st, TimerFired(st.run_id, b.now, seq))
+        case SignalAwaited(timeout_at_ms=int(due), name=name) if due <= b.now:
+            core.emit(b, st, SignalTimedOut(st.run_id, b.now, seq, name))
+        case StepFailed(retry_at_ms=int(due)) if due <= b.now:
+            pass  # advance starts the next attempt
+        case StepStarted() if fact.remote:
+            remote.check_liveness(ctx, b, st, seq, fact)
+            return
+        case EventAwaited(timeout_at_ms=int(due), name=name, key=key) if due <= b.now:
+            core.emit(b, st, EventTimedOut(st.run_id, b.now, seq, name))
+            corr = correlation_id(name, key)  # the event may come: not for this wait
+            b.effects.commands.append(Subscribe(corr, name, st.run_id, seq, key, True, b.now))
+        case _:
+            return
+    core.advance(ctx, b, st)
+
+
+def _time_out(ctx: Rules, b: Batch, st: RunState) -> None:
+    """The run passed its execution timeout: it fails with RunTimedOut, after waiting
+    for its steps in flight and compensating what completed, like any failure."""
+    due = st.deadline_ms
+    if due is None or due > b.now or st.terminal or st.compensation is not None:
+        return  # not yet, or already ending
+    took = (due - st.started_at_ms) / 1000
+    error = f"{TIMED_OUT}run {st.run_id!r} did not end within its timeout of {took:g}s"
+    if core.in_flight(st) or core.compensations(ctx, b, st):
+        core.emit(b, st, CompensationStarted(st.run_id, b.now, error, "", False))
+        core.compensate(ctx, b, st)
+    else:
+        core.emit(b, st, RunFailed(st.run_id, b.now, error, ""))
