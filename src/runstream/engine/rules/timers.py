@@ -1,18 +1,20 @@
-"""Due times: a durable sleep fires, a wait times out, a step's retry comes, a remote
-attempt's liveness is checked; and (seq 0) a run times out, a schedule fires, a limit
-grants its next permit; (`BATCH_SEQ`) an event entity's batch window closes."""
+"""Due times. An entity's: a limit's rate allows its next grant, a schedule fires, an
+event entity's batch window closes. A run's (by seq): a durable sleep fires, a wait times
+out, a step's retry comes, a remote attempt's liveness is checked; seq 0, the run times
+out. The id's kind (`id_kind`) says which, not the seq."""
 
 from __future__ import annotations
 
 from runstream.engine.rules import core, events, limits, remote, schedules
 from runstream.engine.rules.context import Rules
-from runstream.engine.state import BATCH_SEQ, RunState, Status
+from runstream.engine.state import RunState, Status
 from runstream.engine.work import Batch, TimerDue
 from runstream.errors import TIMED_OUT
 from runstream.schemas.records import (
     CompensationStarted,
     EventAwaited,
     EventTimedOut,
+    IdKind,
     RunFailed,
     SignalAwaited,
     SignalTimedOut,
@@ -22,23 +24,27 @@ from runstream.schemas.records import (
     TimerFired,
     TimerScheduled,
     correlation_id,
+    id_kind,
 )
 
 
 def timer_due(ctx: Rules, b: Batch, st: RunState, work: TimerDue) -> None:
-    """A due time of ``seq`` passed: fire the timer, retry the step, time the wait out,
-    or (seq 0) time the run out."""
-    seq = work.seq
-    if seq == BATCH_SEQ and st.batches:  # an event entity's batch window
-        events.close_batches(b, st)
-        return
-    if seq == 0:  # the run's own deadline, a schedule's next fire, a limit's next grant
-        if st.limit is not None:
+    """A due time of ``work.seq`` passed: the entity's own timer, or the run's at seq."""
+    match id_kind(st.run_id):
+        case IdKind.LIMIT:  # its rate allows the next grant
             limits.grant_waiting(b, st)
-        elif st.schedule is not None:
+        case IdKind.SCHEDULE:  # its next fire time
             schedules.fire(b, st)
-        else:
-            _time_out(ctx, b, st)
+        case IdKind.EVENT:  # a batch window (BATCH_SEQ) closed
+            events.close_batches(b, st)
+        case IdKind.RUN:
+            _run_timer(ctx, b, st, work.seq)
+
+
+def _run_timer(ctx: Rules, b: Batch, st: RunState, seq: int) -> None:
+    """Fire the timer, retry the step, time the wait out, or (seq 0) time the run out."""
+    if seq == 0:  # the run's own deadline
+        _time_out(ctx, b, st)
         return
     fact = st.pending.get(seq)
     if fact is None or st.status is Status.PARKED:
