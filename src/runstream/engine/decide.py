@@ -27,7 +27,7 @@ from runstream.engine.reducer import apply
 from runstream.engine.rules import HANDLERS, Activation, Rejected, Rules
 from runstream.engine.rules.core import emit
 from runstream.engine.rules.runs import run_info
-from runstream.engine.state import RunState
+from runstream.engine.state import RunState, RunView
 from runstream.engine.work import Batch, Forward, LogRecord, Waiter, Work
 from runstream.engine.workflow import Registry
 from runstream.errors import DecodeError
@@ -128,7 +128,7 @@ class Decider:
         """The shell dropped these runs' uncommitted facts: never resume ahead of them."""
         self.rules.replayer.forget(run_ids)
 
-    def run_info(self, st: RunState, request_id: str) -> RunInfo:
+    def run_info(self, st: RunView, request_id: str) -> RunInfo:
         """What a Query learns about the run ``st`` (the shell answers waiting ones)."""
         return run_info(self.rules, st, request_id)
 

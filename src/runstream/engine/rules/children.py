@@ -7,7 +7,7 @@ from __future__ import annotations
 from runstream.engine.replay import ChildCall
 from runstream.engine.rules import core, runs
 from runstream.engine.rules.context import Rejected, Rules
-from runstream.engine.state import RunState
+from runstream.engine.state import RunState, RunView
 from runstream.engine.work import Batch
 from runstream.schemas.records import (
     Cancel,
@@ -83,14 +83,14 @@ def child_result(ctx: Rules, b: Batch, st: RunState, cmd: ChildResult) -> None:
     core.advance(ctx, b, st)
 
 
-def children(st: RunState) -> list[ChildStarted]:
+def children(st: RunView) -> list[ChildStarted]:
     """The child runs ``st`` started that may still run (awaited ones not ended, and
     every fire-and-forget one: the parent is not told of their end)."""
     facts = [*st.pending.values(), *st.resolved.values()]
     return [f for f in facts if isinstance(f, ChildStarted)]
 
 
-def ended(b: Batch, st: RunState, fact: Fact, kids: list[ChildStarted]) -> None:
+def ended(b: Batch, st: RunView, fact: Fact, kids: list[ChildStarted]) -> None:
     """The run ended: tell the parent awaiting it, in this transaction, and apply the
     ``parent_close`` of each of its ``kids`` (`children`, taken before the end; a cancel
     has cancelled them already, or abandoned)."""
@@ -114,7 +114,7 @@ def ended(b: Batch, st: RunState, fact: Fact, kids: list[ChildStarted]) -> None:
         b.effects.commands.append(Cancel(child.child_run_id, compensate, why, b.now, False))
 
 
-def child_ids(st: RunState) -> list[str]:
+def child_ids(st: RunView) -> list[str]:
     """The child runs ``st`` started (running or ended), in the order it started them."""
     facts = sorted({**st.resolved, **st.pending}.items())
     return [

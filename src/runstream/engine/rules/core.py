@@ -24,7 +24,7 @@ from runstream.engine.replay import (
 )
 from runstream.engine.rules import children, runs, steps
 from runstream.engine.rules.context import Rules
-from runstream.engine.state import RunState, Status
+from runstream.engine.state import RunState, RunView, Status
 from runstream.engine.work import Batch
 from runstream.engine.workflow import WorkflowDef
 from runstream.schemas.records import (
@@ -187,7 +187,7 @@ def compensations(ctx: Rules, b: Batch, st: RunState) -> list[Any]:
     return replay(wf, st, ctx.registry, b.now, guard).compensations if wf else []
 
 
-def in_flight(st: RunState) -> bool:
+def in_flight(st: RunView) -> bool:
     """A forward step (positive seq) is running, or handed over to run again."""
     return any(s > 0 for s in st.running_steps() + st.remote_steps() + st.handed_over_steps())
 

@@ -8,7 +8,7 @@ from typing import Any
 from runstream.engine import payload
 from runstream.engine.rules import core, steps
 from runstream.engine.rules.context import Rejected, Rules
-from runstream.engine.state import RunState
+from runstream.engine.state import RunState, RunView
 from runstream.engine.work import Batch, StepOutcome
 from runstream.engine.workflow import StepDef
 from runstream.errors import STEP_TIMED_OUT
@@ -93,7 +93,7 @@ def step_result(ctx: Rules, b: Batch, st: RunState, cmd: StepResult) -> None:
     )
 
 
-def _ignore_result(b: Batch, st: RunState, cmd: StepResult, open_fact: object | None) -> None:
+def _ignore_result(b: Batch, st: RunView, cmd: StepResult, open_fact: object | None) -> None:
     if isinstance(open_fact, StepStarted) and open_fact.remote:
         why = f"attempt {open_fact.attempt_id!r} is the open one"
     elif st.terminal:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from runstream.engine import payload
 from runstream.engine.rules import children, core, limits, signals
 from runstream.engine.rules.context import Rejected, Rules
-from runstream.engine.state import RunState, Status
+from runstream.engine.state import RunState, RunView, Status
 from runstream.engine.work import Batch, Resume, Waiter
 from runstream.engine.workflow import WorkflowDef
 from runstream.errors import InvalidInput, WorkflowNotFound
@@ -115,7 +115,7 @@ def resume(ctx: Rules, b: Batch, st: RunState, _work: Resume) -> None:
         core.advance(ctx, b, st)
 
 
-def query(ctx: Rules, b: Batch, st: RunState, cmd: Query) -> None:
+def query(ctx: Rules, b: Batch, st: RunView, cmd: Query) -> None:
     """Answer now, or (``wait``) once the run ends: the shell keeps the question."""
     if cmd.wait and st.exists and not st.terminal:
         p = b.partition_of(st.run_id)
@@ -124,7 +124,7 @@ def query(ctx: Rules, b: Batch, st: RunState, cmd: Query) -> None:
         b.effects.replies.append((cmd.reply_to, run_info(ctx, st, cmd.request_id)))
 
 
-def run_info(ctx: Rules, st: RunState, request_id: str) -> RunInfo:
+def run_info(ctx: Rules, st: RunView, request_id: str) -> RunInfo:
     """What a Query learns about a run; never larger than a record may be."""
     found = st.exists or st.status is Status.REJECTED
     size = len(st.input) * st.exists + len(st.output or b"")
