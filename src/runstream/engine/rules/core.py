@@ -24,7 +24,7 @@ from runstream.engine.replay import (
 )
 from runstream.engine.rules import children, runs, steps
 from runstream.engine.rules.context import Rules
-from runstream.engine.state import RunState, RunView, Status
+from runstream.engine.state import RunState, RunView, State, Status
 from runstream.engine.work import Batch
 from runstream.engine.workflow import WorkflowDef
 from runstream.schemas.records import (
@@ -207,9 +207,13 @@ def _dumps(ctx: Rules, what: str, value: Any) -> tuple[bytes, str | None]:
     return data, ctx.limits.too_large(what, len(data))
 
 
-def emit(b: Batch, st: RunState, fact: Fact) -> None:
+def emit(b: Batch, st: State, fact: Fact) -> None:
     """Record ``fact``: apply it to the working copy, add it to the batch with its
     lifecycle event; an end also gives the run's permits back and tells its family."""
+    if not isinstance(st, RunState):  # an entity's fact: no lifecycle, never an end
+        apply(st, fact)
+        b.effects.facts.append(fact)
+        return
     ending = type(fact) in END_FACTS
     kids = children.children(st) if ending else []  # before the end clears pending
     permits = dict(st.permits) if ending else {}

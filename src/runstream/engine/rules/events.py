@@ -7,7 +7,7 @@ from __future__ import annotations
 from runstream.engine import payload
 from runstream.engine.rules import core
 from runstream.engine.rules.context import Rules
-from runstream.engine.state import RunState
+from runstream.engine.state import EventEntityState, RunState
 from runstream.engine.work import Batch
 from runstream.engine.workflow import WorkflowDef
 from runstream.schemas.records import (
@@ -29,7 +29,7 @@ from runstream.schemas.records import (
 )
 
 
-def publish(ctx: Rules, b: Batch, corr: RunState, cmd: PublishEvent) -> None:
+def publish(ctx: Rules, b: Batch, corr: EventEntityState, cmd: PublishEvent) -> None:
     """An event reaches the entity of its name and key: every wait open there gets it,
     each workflow it triggers starts, and it is kept for its time to live. A retried
     publish (the same event id) counts once."""
@@ -54,7 +54,7 @@ def publish(ctx: Rules, b: Batch, corr: RunState, cmd: PublishEvent) -> None:
         )  # fmt: skip
 
 
-def _trigger(ctx: Rules, b: Batch, corr: RunState, cmd: PublishEvent) -> int:
+def _trigger(ctx: Rules, b: Batch, corr: EventEntityState, cmd: PublishEvent) -> int:
     """Start the workflows ``cmd`` triggers, once per event or per key, or add it to
     their batches; how many want it."""
     started = 0
@@ -81,7 +81,9 @@ def _trigger(ctx: Rules, b: Batch, corr: RunState, cmd: PublishEvent) -> int:
     return started
 
 
-def _batch(ctx: Rules, b: Batch, corr: RunState, wf: WorkflowDef, cmd: PublishEvent) -> None:
+def _batch(
+    ctx: Rules, b: Batch, corr: EventEntityState, wf: WorkflowDef, cmd: PublishEvent
+) -> None:
     """Add the event to the workflow's open batch here (starting the batch first if the
     event would make its input too large); start its run once it is full."""
     events = corr.batches.get(wf.name, [])
@@ -98,14 +100,14 @@ def _batch(ctx: Rules, b: Batch, corr: RunState, wf: WorkflowDef, cmd: PublishEv
         _start_batch(b, corr, wf.name)
 
 
-def close_batches(b: Batch, corr: RunState) -> None:
+def close_batches(b: Batch, corr: EventEntityState) -> None:
     """The window of some batches here closed: start their runs."""
     for workflow, events in list(corr.batches.items()):
         if events and events[0].due_ms is not None and events[0].due_ms <= b.now:
             _start_batch(b, corr, workflow)
 
 
-def _start_batch(b: Batch, corr: RunState, workflow: str) -> None:
+def _start_batch(b: Batch, corr: EventEntityState, workflow: str) -> None:
     events = corr.batches[workflow]
     key = corr.run_id.rsplit("/", 1)[-1]
     run_id = f"{workflow}:{key}:{events[0].event_id}"
@@ -114,7 +116,7 @@ def _start_batch(b: Batch, corr: RunState, workflow: str) -> None:
     b.effects.commands.append(StartRun(run_id, workflow, data, sent_at_ms=b.now))
 
 
-def subscribe(ctx: Rules, b: Batch, corr: RunState, cmd: Subscribe) -> None:
+def subscribe(ctx: Rules, b: Batch, corr: EventEntityState, cmd: Subscribe) -> None:
     """A run waits for the next event here (or no longer does): give it the oldest
     event still within its time to live that it has not had, or keep the wait open."""
     if cmd.cancel:
@@ -129,7 +131,9 @@ def subscribe(ctx: Rules, b: Batch, corr: RunState, cmd: Subscribe) -> None:
     core.emit(b, corr, EventSubscribed(corr.run_id, b.now, cmd.subscriber, cmd.seq))
 
 
-def _deliver(b: Batch, corr: RunState, run_id: str, seq: int, event: EventPublished) -> None:
+def _deliver(
+    b: Batch, corr: EventEntityState, run_id: str, seq: int, event: EventPublished
+) -> None:
     core.emit(b, corr, EventMatched(corr.run_id, b.now, run_id, seq, event.event_id))
     b.effects.commands.append(
         DeliverEvent(run_id, seq, event.name, event.event_id, event.payload, b.now)

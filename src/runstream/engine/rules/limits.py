@@ -12,7 +12,7 @@ from dataclasses import replace
 from runstream.engine import payload
 from runstream.engine.rules import core
 from runstream.engine.rules.context import Rejected, Rules
-from runstream.engine.state import RunState
+from runstream.engine.state import LimitState, RunState
 from runstream.engine.work import Batch
 from runstream.engine.workflow import WorkflowDef
 from runstream.schemas.records import (
@@ -84,7 +84,7 @@ def give_back(b: Batch, st: RunState, seq: int) -> None:
 
 
 # -- the limit entity's side ------------------------------------------------------------
-def acquire(ctx: Rules, b: Batch, ent: RunState, cmd: Acquire) -> None:
+def acquire(ctx: Rules, b: Batch, ent: LimitState, cmd: Acquire) -> None:
     """A limit entity is asked for a permit: grant it now if the limit allows and
     nobody waits, else queue it (or refuse it, past ``max_queued``)."""
     if ent.asked(cmd.holder, cmd.seq):
@@ -106,14 +106,14 @@ def acquire(ctx: Rules, b: Batch, ent: RunState, cmd: Acquire) -> None:
     core.emit(b, ent, queued)
 
 
-def release(ctx: Rules, b: Batch, ent: RunState, cmd: Release) -> None:
+def release(ctx: Rules, b: Batch, ent: LimitState, cmd: Release) -> None:
     """A permit comes back (or a waiting request is withdrawn): grant the next."""
     if ent.asked(cmd.holder, cmd.seq):
         core.emit(b, ent, PermitReleased(ent.run_id, b.now, cmd.holder, cmd.seq))
         grant_waiting(b, ent)
 
 
-def grant_waiting(b: Batch, ent: RunState) -> None:
+def grant_waiting(b: Batch, ent: LimitState) -> None:
     """Grant waiting requests while the limit allows: the highest priority first,
     then the fairness key served longest ago, then the earliest request."""
     while ent.queue and ent.can_grant(b.now):
@@ -123,6 +123,6 @@ def grant_waiting(b: Batch, ent: RunState) -> None:
         _give(b, ent, q.holder, q.seq, q.fairness)
 
 
-def _give(b: Batch, ent: RunState, holder: str, seq: int, fairness: str) -> None:
+def _give(b: Batch, ent: LimitState, holder: str, seq: int, fairness: str) -> None:
     core.emit(b, ent, PermitGranted(ent.run_id, b.now, holder, seq, fairness))
     b.effects.commands.append(Grant(holder, seq, ent.run_id, True, "", b.now))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from runstream.engine import payload
 from runstream.engine.rules import children, core, limits, signals
 from runstream.engine.rules.context import Rejected, Rules
-from runstream.engine.state import RunState, RunView, Status
+from runstream.engine.state import RunState, RunView, State, Status
 from runstream.engine.work import Batch, Resume, Waiter
 from runstream.engine.workflow import WorkflowDef
 from runstream.errors import InvalidInput, WorkflowNotFound
@@ -115,8 +115,11 @@ def resume(ctx: Rules, b: Batch, st: RunState, _work: Resume) -> None:
         core.advance(ctx, b, st)
 
 
-def query(ctx: Rules, b: Batch, st: RunView, cmd: Query) -> None:
-    """Answer now, or (``wait``) once the run ends: the shell keeps the question."""
+def query(ctx: Rules, b: Batch, st: State, cmd: Query) -> None:
+    """Answer now, or (``wait``) once the run ends: the shell keeps the question. An
+    entity's id names no run: the answer is that none was found."""
+    if not isinstance(st, RunState):
+        st = RunState(st.run_id)
     if cmd.wait and st.exists and not st.terminal:
         p = b.partition_of(st.run_id)
         b.effects.waiters.append(Waiter(p, st.run_id, cmd.reply_to, cmd.request_id))

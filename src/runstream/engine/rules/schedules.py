@@ -6,7 +6,7 @@ from __future__ import annotations
 from runstream.engine import cron
 from runstream.engine.rules import core, runs
 from runstream.engine.rules.context import Rejected, Rules
-from runstream.engine.state import RunState
+from runstream.engine.state import ScheduleState
 from runstream.engine.work import Batch
 from runstream.schemas.records import (
     Reason,
@@ -19,7 +19,7 @@ from runstream.schemas.records import (
 )
 
 
-def schedule(ctx: Rules, b: Batch, ent: RunState, cmd: ScheduleCommand) -> None:
+def schedule(ctx: Rules, b: Batch, ent: ScheduleState, cmd: ScheduleCommand) -> None:
     """Set (create or replace), pause, resume or delete a schedule."""
     name = ent.run_id.removeprefix(schedule_id(""))
     now = b.now
@@ -49,7 +49,7 @@ def schedule(ctx: Rules, b: Batch, ent: RunState, cmd: ScheduleCommand) -> None:
             raise Rejected(Reason.INVALID_INPUT, f"no schedule operation {cmd.op!r}")
 
 
-def fire(b: Batch, ent: RunState) -> None:
+def fire(b: Batch, ent: ScheduleState) -> None:
     """The schedule's next fire time came: start its workflow once, for the latest fire
     time due (fires missed while no engine ran are caught up once, not each), with a
     run id derived from that time, and arm the next."""

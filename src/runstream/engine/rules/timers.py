@@ -1,20 +1,27 @@
-"""Due times. An entity's: a limit's rate allows its next grant, a schedule fires, an
-event entity's batch window closes. A run's (by seq): a durable sleep fires, a wait times
-out, a step's retry comes, a remote attempt's liveness is checked; seq 0, the run times
-out. The id's kind (`id_kind`) says which, not the seq."""
+"""Due times. An entity's own: a limit's rate allows its next grant, a schedule fires, an
+event entity's batch window closes. A run's, by seq: a durable sleep fires, a wait times
+out, a step's retry comes, a remote attempt's liveness is checked, or (`DEADLINE_SEQ`)
+the run times out. The kind of state says which, not the seq."""
 
 from __future__ import annotations
 
 from runstream.engine.rules import core, events, limits, remote, schedules
 from runstream.engine.rules.context import Rules
-from runstream.engine.state import RunState, Status
+from runstream.engine.state import (
+    DEADLINE_SEQ,
+    EventEntityState,
+    LimitState,
+    RunState,
+    ScheduleState,
+    State,
+    Status,
+)
 from runstream.engine.work import Batch, TimerDue
 from runstream.errors import TIMED_OUT
 from runstream.schemas.records import (
     CompensationStarted,
     EventAwaited,
     EventTimedOut,
-    IdKind,
     RunFailed,
     SignalAwaited,
     SignalTimedOut,
@@ -24,26 +31,25 @@ from runstream.schemas.records import (
     TimerFired,
     TimerScheduled,
     correlation_id,
-    id_kind,
 )
 
 
-def timer_due(ctx: Rules, b: Batch, st: RunState, work: TimerDue) -> None:
+def timer_due(ctx: Rules, b: Batch, st: State, work: TimerDue) -> None:
     """A due time of ``work.seq`` passed: the entity's own timer, or the run's at seq."""
-    match id_kind(st.run_id):
-        case IdKind.LIMIT:  # its rate allows the next grant
+    match st:
+        case LimitState():  # its rate allows the next grant (WAKE_SEQ)
             limits.grant_waiting(b, st)
-        case IdKind.SCHEDULE:  # its next fire time
+        case ScheduleState():  # its next fire time (WAKE_SEQ)
             schedules.fire(b, st)
-        case IdKind.EVENT:  # a batch window (BATCH_SEQ) closed
+        case EventEntityState():  # a batch window closed (BATCH_SEQ)
             events.close_batches(b, st)
-        case IdKind.RUN:
+        case RunState():
             _run_timer(ctx, b, st, work.seq)
 
 
 def _run_timer(ctx: Rules, b: Batch, st: RunState, seq: int) -> None:
     """Fire the timer, retry the step, time the wait out, or (seq 0) time the run out."""
-    if seq == 0:  # the run's own deadline
+    if seq == DEADLINE_SEQ:
         _time_out(ctx, b, st)
         return
     fact = st.pending.get(seq)
