@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from runstream.engine.state import RunState
+from runstream.engine.state import State, beats_of
 from runstream.engine.work import Batch, LogRecord, StepOutcome, Work
 from runstream.projections.store import PartitionStore, catch_up
 from runstream.schemas.codec import Codec
@@ -23,7 +23,7 @@ from runstream.topics.outbox import Committed
 log = logging.getLogger("runstream.worker")
 
 #: (partition, the run before, the run after) for each run a committed batch changed
-Change = tuple[int, RunState, RunState]
+Change = tuple[int, State, State]
 
 
 @dataclass
@@ -101,7 +101,7 @@ class Partitions:
     def close(self) -> None:
         self.release(list(self._owned))
 
-    def load(self, p: int, run_id: str) -> RunState:
+    def load(self, p: int, run_id: str) -> State:
         return self._owned[p].store.get(run_id)
 
     def running(self, p: int) -> list[str]:
@@ -127,10 +127,10 @@ class Partitions:
         """After the commit: move the positions, write the facts to the projections."""
         for p, (_, last) in b.consumed.items():
             self._owned[p].position = last + 1
-        by_partition: dict[int, list[tuple[RunState, RunState, list[bytes]]]] = {}
+        by_partition: dict[int, list[tuple[State, State, list[bytes]]]] = {}
         for run_id, w in b.runs.items():
             data = written.encoded.get(run_id)
-            if data is not None or w.after.beats != w.before.beats:  # heartbeats: no facts
+            if data is not None or beats_of(w.after) != beats_of(w.before):  # no facts
                 by_partition.setdefault(w.partition, []).append((w.before, w.after, data or []))
         changes: list[Change] = []
         for p, runs in by_partition.items():

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from runstream.engine import payload
 from runstream.engine.decide import Decider
 from runstream.engine.replay import Replayer
-from runstream.engine.state import RunState, Status
+from runstream.engine.state import RunState, State, Status, new_state
 from runstream.engine.work import Batch, LogRecord, StepJob, Work
 from runstream.engine.workflow import seconds, step_def
 from runstream.errors import (
@@ -190,7 +190,7 @@ class WorkflowTester:
         self._codec = Codec.default()
         self._commands = Topics(app.namespace).commands
         self._now = int(now.timestamp() * 1000)
-        self._states: dict[str, RunState] = {}
+        self._states: dict[str, State] = {}  # runs' and entities'
         self._timers = TimerQueue()
         self._work: deque[Work] = deque()
         self._offset = 0
@@ -226,8 +226,8 @@ class WorkflowTester:
 
     def run(self, run_id: str) -> Run:
         """The run ``run_id``. Raises RunNotFound."""
-        st = self._states.get(run_id)
-        if st is None or not (st.exists or st.status is Status.REJECTED):
+        st = self._state(run_id)
+        if not (st.exists or st.status is Status.REJECTED):
             raise RunNotFound(f"no run {run_id!r} was started in this tester")
         return Run(self, run_id)
 
@@ -284,7 +284,9 @@ class WorkflowTester:
 
     # -- the shell around the core -----------------------------------------------------
     def _state(self, run_id: str) -> RunState:
-        return self._states.get(run_id) or RunState(run_id)
+        """The run's state (an entity's id names no run: an empty one)."""
+        st = self._states.get(run_id)
+        return st if isinstance(st, RunState) else RunState(run_id)
 
     def _send(self, cmd: Command) -> None:
         """``cmd`` arrives on the commands topic, as any producer's would; then everything
@@ -311,7 +313,7 @@ class WorkflowTester:
         """Decide the queued work one item at a time, each a committed batch, until
         nothing is left: step bodies run as soon as their start is recorded."""
         while self._work:
-            b = Batch(lambda _p, run_id: self._state(run_id), self._now)
+            b = Batch(lambda _p, run_id: self._states.get(run_id) or new_state(run_id), self._now)
             self._decider.handle(b, self._work.popleft())
             self._commit(b)
 

@@ -260,7 +260,7 @@ class Worker:
             return None
         if b.empty:
             return None
-        answered = self._waiters.answer(b, decider.rules.run_info)
+        answered = self._waiters.answer(b, decider.run_info)
         decided_at = time.perf_counter()
         written = commit(engine_log, b, self.topics, self.codec, self._owned.position)
         committed_at = time.perf_counter()

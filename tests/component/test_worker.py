@@ -20,7 +20,7 @@ import runstream
 from runstream.audit import check_run
 from runstream.engine import payload
 from runstream.engine.partitioner import partition_for
-from runstream.engine.rules import Rules
+from runstream.engine.rules import HANDLERS, Entry, Rules
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import Record, Signal, StartRun
 
@@ -156,14 +156,14 @@ def test_a_failed_decision_is_undone_and_dead_lettered_while_its_batch_commits(
     for run_id in ("ok1", "bad", "ok2"):
         start(cluster, ns, run_id, "nap")
     rig.until(lambda: {"ok1", "bad", "ok2"} <= {f.run_id for f in facts(cluster, ns)})
-    signal_rule = Rules.signal
+    kind, signal_rule = HANDLERS[Signal]
 
-    def buggy(self: Rules, b: Any, st: Any, cmd: Signal) -> None:
-        signal_rule(self, b, st, cmd)  # records SignalBuffered, then fails
+    def buggy(rules: Rules, b: Any, st: Any, cmd: Signal) -> None:
+        signal_rule(rules, b, st, cmd)  # records SignalBuffered, then fails
         if st.run_id == "bad":
             raise RuntimeError("a bug in a rule")
 
-    monkeypatch.setattr(Rules, "signal", buggy)
+    monkeypatch.setitem(HANDLERS, Signal, Entry(kind, buggy))
     for run_id in ("ok1", "bad", "ok2"):
         send(cluster, ns, Signal(run_id, "hello", b"1", f"s-{run_id}"))
     rig.until(lambda: len(dead_letters(cluster, ns)) == 1)

@@ -15,7 +15,7 @@ from runstream.engine import payload
 from runstream.engine.decide import Decider
 from runstream.engine.limits import Limits
 from runstream.engine.reducer import fold
-from runstream.engine.state import RunState
+from runstream.engine.state import State, new_state
 from runstream.engine.work import (
     Batch,
     HandOver,
@@ -59,7 +59,7 @@ class Core:
         )
         self.codec = Codec.default()
         self.now = 1_000_000
-        self.states: dict[str, RunState] = {}
+        self.states: dict[str, State] = {}
         self.journal: list[Fact] = []
         self.lifecycle: list[LifecycleEvent] = []
         self.commands: list[StartRun] = []
@@ -72,8 +72,8 @@ class Core:
         self.offset = 0
         self.parked: dict[str, str] = {}
 
-    def state(self, run_id: str) -> RunState:
-        return self.states.get(run_id) or RunState(run_id)
+    def state(self, run_id: str) -> State:
+        return self.states.get(run_id) or new_state(run_id)
 
     def handle(self, work: Work) -> Batch:
         """Decide ``work`` and commit the batch, as the shell would."""

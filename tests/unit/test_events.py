@@ -9,7 +9,16 @@ from runstream.engine import payload
 from runstream.engine.reducer import fold
 from runstream.engine.workflow import Registry, workflow_def
 from runstream.errors import EventTimeout
-from runstream.schemas.records import PublishEvent, StartRun, correlation_id, run_id_problem
+from runstream.schemas.records import (
+    IdKind,
+    PublishEvent,
+    StartRun,
+    correlation_id,
+    id_kind,
+    limit_id,
+    run_id_problem,
+    schedule_id,
+)
 
 from .corehelp import Core
 
@@ -152,6 +161,15 @@ def test_entity_ids_are_reserved_and_long_pairs_are_hashed():
     assert [d.code for d in core.dead] == ["bad-run-id"]
     corr = correlation_id("n" * 200, "k" * 200)
     assert len(corr.encode()) <= 255 and corr.startswith("~event/")
+
+
+def test_an_ids_kind_comes_from_its_prefix_hashed_or_not():
+    assert id_kind(correlation_id("paid", "o-1")) is IdKind.EVENT
+    assert id_kind(correlation_id("n" * 200, "k" * 200)) is IdKind.EVENT
+    assert id_kind(limit_id("payments")) is IdKind.LIMIT
+    assert id_kind(limit_id("checkout", "k" * 300)) is IdKind.LIMIT
+    assert id_kind(schedule_id("nightly")) is IdKind.SCHEDULE
+    assert id_kind("order-1") is id_kind("order-1~2") is id_kind("~mine") is IdKind.RUN
 
 
 @pytest.mark.parametrize("key", ["", "o-1"])

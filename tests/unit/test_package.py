@@ -126,3 +126,18 @@ def test_every_public_name_and_method_has_a_docstring():
             if not attr.startswith("_") and callable(fn) and not fn.__doc__:
                 missing.append(f"{name}.{attr}")
     assert not missing
+
+
+def test_the_rules_table_has_one_handler_for_every_command_and_every_work_item():
+    from runstream.engine.rules import HANDLERS
+    from runstream.engine.work import LogRecord, Work
+    from runstream.schemas.records import COMMANDS
+
+    internal = set(Work.__args__) - {LogRecord}  # a record is decoded into a command first
+    assert set(HANDLERS) == set(COMMANDS) | internal
+
+
+def test_no_rules_module_is_longer_than_300_lines():
+    for module in (SRC / "engine" / "rules").glob("*.py"):
+        lines = len(module.read_text().splitlines())
+        assert lines <= 300, f"engine/rules/{module.name} has {lines} lines"

@@ -40,7 +40,7 @@ from runstream.engine.workflow import Registry
 from runstream.errors import DecodeError, RunNotFound
 from runstream.runtime.budget import ActivationBudget
 from runstream.schemas.codec import Codec
-from runstream.schemas.records import FACTS
+from runstream.schemas.records import FACTS, IdKind, id_kind
 from runstream.settings import Settings
 from runstream.topics.admin import check_copartitioned
 from runstream.topics.spec import Topics
@@ -136,6 +136,8 @@ class History:
             self.unreadable.setdefault(run_id, f"journal record {where} is unreadable: {exc}")
             return
         run_id = fact.run_id  # type: ignore[attr-defined]
+        if id_kind(run_id) is not IdKind.RUN:  # an entity's facts: no workflow code to replay
+            return
         state = self.states.get(run_id)
         if state is None:
             state = self.states[run_id] = RunState(run_id)

@@ -16,7 +16,7 @@ from rich.table import Table
 from runstream.cli import options
 from runstream.client import Client
 from runstream.engine.reducer import apply
-from runstream.engine.state import RunState
+from runstream.engine.state import ScheduleState
 from runstream.errors import DecodeError
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import FACTS, ScheduleFired, schedule_id
@@ -78,7 +78,7 @@ for _verb in ("pause", "resume", "delete"):
 def list_schedules(namespace: str, bootstrap: str | None, as_json: bool) -> None:
     """The schedules of NAMESPACE, from its journal."""
     settings, codec = Settings().with_bootstrap(bootstrap), Codec.default()
-    states: dict[str, RunState] = {}
+    states: dict[str, ScheduleState] = {}
     last: dict[str, str] = {}
     for batch in options.read_topic(settings, Topics(namespace).journal, None):
         for rec in batch:
@@ -89,7 +89,7 @@ def list_schedules(namespace: str, bootstrap: str | None, as_json: bool) -> None
             except DecodeError:
                 continue
             if isinstance(fact, FACTS):
-                state = states.setdefault(fact.run_id, RunState(fact.run_id))  # type: ignore[attr-defined]
+                state = states.setdefault(fact.run_id, ScheduleState(fact.run_id))  # type: ignore[attr-defined]
                 apply(state, fact)  # type: ignore[arg-type]
                 if isinstance(fact, ScheduleFired):
                     last[fact.run_id] = fact.run

@@ -6,7 +6,8 @@ Each consumed record is checked in this order, and the first problem decides:
 2. its run id is usable (else ``bad-run-id``);
 3. it arrived on the partition its run id hashes to (else it is forwarded there);
 4. it fits the size limit (else ``oversize``; a start is also recorded as rejected);
-5. its rule accepts it (else the rule's reason: ``unknown-workflow``, ``invalid-input``,
+5. its id is of the kind its rule is for, a run or an entity (else ``bad-run-id``);
+6. its rule accepts it (else the rule's reason: ``unknown-workflow``, ``invalid-input``,
    ``unknown-run``, ``unexpected-step-result``).
 
 A refused command goes to the dead-letter topic with its code and reason (a refused
@@ -24,43 +25,22 @@ from collections.abc import Callable, Iterable
 from runstream.engine.limits import Limits
 from runstream.engine.partitioner import partition_for
 from runstream.engine.reducer import apply
-from runstream.engine.rules import Activation, Rejected, Rules
-from runstream.engine.state import RunState
-from runstream.engine.work import (
-    Batch,
-    Forward,
-    HandOver,
-    LogRecord,
-    Recover,
-    Resume,
-    StepOutcome,
-    TimerDue,
-    Waiter,
-    Work,
-)
+from runstream.engine.rules import HANDLERS, Activation, Rejected, Rules
+from runstream.engine.rules.core import emit
+from runstream.engine.rules.runs import run_info
+from runstream.engine.state import RunState, RunView, State
+from runstream.engine.work import Batch, Forward, LogRecord, Waiter, Work
 from runstream.engine.workflow import Registry
 from runstream.errors import DecodeError
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
-    Acquire,
-    Cancel,
-    ChildResult,
     Command,
     DeadLetter,
-    DeliverEvent,
-    Grant,
-    Heartbeat,
-    PublishEvent,
-    Query,
     Reason,
-    Release,
-    Retry,
+    RunInfo,
     RunRejected,
-    ScheduleCommand,
-    Signal,
     StartRun,
-    StepResult,
-    Subscribe,
+    id_kind,
     redrives_of,
     run_id_problem,
 )
@@ -99,21 +79,9 @@ class Decider:
     def handle(self, b: Batch, work: Work) -> str | None:
         """Decide ``work`` into ``b``; the run it was about (None for a record set aside
         before it named one, or forwarded). Never raises."""
-        rules = self.rules
-        match work:
-            case LogRecord():
-                return self._record(b, work)
-            case StepOutcome():
-                decision = lambda st: rules.step_outcome(b, st, work)  # noqa: E731
-            case TimerDue():
-                decision = lambda st: rules.timer_due(b, st, work.seq)  # noqa: E731
-            case Recover():
-                decision = lambda st: rules.recover(b, st)  # noqa: E731
-            case Resume():
-                decision = lambda st: rules.resume(b, st)  # noqa: E731
-            case HandOver():
-                decision = lambda st: rules.hand_over(b, st, work.began)  # noqa: E731
-        self._decide(b, work.partition, work.run_id, decision)
+        if isinstance(work, LogRecord):
+            return self._record(b, work)
+        self._decide(b, work.partition, work.run_id, lambda st: self._dispatch(b, st, work))
         return work.run_id
 
     # -- commands ------------------------------------------------------------------
@@ -143,7 +111,7 @@ class Decider:
         if too_large:
             reject = Rejected(Reason.OVERSIZE, too_large)
 
-            def refuse(_st: RunState) -> None:
+            def refuse(_st: State) -> None:
                 raise reject
 
             self._decide(b, rec.partition, run_id, refuse, rec, cmd)
@@ -151,7 +119,9 @@ class Decider:
             self._decide(b, rec.partition, run_id, lambda st: self._dispatch(b, st, cmd), rec, cmd)
         if isinstance(cmd, StartRun) and cmd.reply_to:  # whatever the start came to
             run = b.runs.get(run_id)
-            if run is None or run.after.request_id != cmd.request_id:  # not in RunStarted
+            after = None if run is None else run.after
+            if not (isinstance(after, RunState) and after.request_id == cmd.request_id):
+                # its RunStarted does not carry this request: the shell waits for the end
                 b.effects.waiters.append(
                     Waiter(rec.partition, run_id, cmd.reply_to, cmd.request_id)
                 )
@@ -161,39 +131,19 @@ class Decider:
         """The shell dropped these runs' uncommitted facts: never resume ahead of them."""
         self.rules.replayer.forget(run_ids)
 
-    def _dispatch(self, b: Batch, st: RunState, cmd: Command) -> None:
-        rules = self.rules
-        match cmd:
-            case StartRun():
-                rules.start(b, st, cmd)
-            case Signal():
-                rules.signal(b, st, cmd)
-            case Cancel():
-                rules.cancel(b, st, cmd)
-            case Retry():
-                rules.retry(b, st, cmd)
-            case StepResult():
-                rules.step_result(b, st, cmd)
-            case Heartbeat():
-                rules.heartbeat(b, st, cmd)
-            case Acquire():
-                rules.acquire(b, st, cmd)
-            case Grant():
-                rules.grant(b, st, cmd)
-            case Release():
-                rules.release(b, st, cmd)
-            case ChildResult():
-                rules.child_result(b, st, cmd)
-            case PublishEvent():
-                rules.publish(b, st, cmd)
-            case Subscribe():
-                rules.subscribe(b, st, cmd)
-            case DeliverEvent():
-                rules.deliver_event(b, st, cmd)
-            case ScheduleCommand():
-                rules.schedule(b, st, cmd)
-            case Query():
-                rules.query(b, st, cmd)
+    def run_info(self, st: RunView, request_id: str) -> RunInfo:
+        """What a Query learns about the run ``st`` (the shell answers waiting ones)."""
+        return run_info(self.rules, st, request_id)
+
+    def _dispatch(self, b: Batch, st: State, item: Command | Work) -> None:
+        """Hand ``item`` to its handler (`rules.HANDLERS`), if it is for this kind of id."""
+        kind, handler = HANDLERS[type(item)]
+        if kind is not None and not isinstance(st, kind):
+            raise Rejected(
+                Reason.BAD_RUN_ID,
+                f"{type(item).__name__} is not for {st.run_id!r}, a {id_kind(st.run_id)} id",
+            )
+        handler(self.rules, b, st, item)
 
     # -- the guard -----------------------------------------------------------------
     def _decide(
@@ -201,7 +151,7 @@ class Decider:
         b: Batch,
         p: int,
         run_id: str,
-        decision: Callable[[RunState], None],
+        decision: Callable[[State], None],
         cause: LogRecord | None = None,
         cmd: Command | None = None,
     ) -> None:
@@ -213,16 +163,16 @@ class Decider:
         except Rejected as exc:
             st = self._undo(b, run_id, mark)
             self._dead_letter(b, cause, exc.code, exc.reason, run_id, p)
-            if isinstance(cmd, StartRun) and not st.exists:
+            if isinstance(cmd, StartRun) and isinstance(st, RunState) and not st.exists:
                 rejected = RunRejected(run_id, b.now, cmd.workflow[:1024], exc.code, exc.reason)
-                self.rules.emit(b, st, rejected)
+                emit(b, st, rejected)
         except Exception as exc:  # a bug must not block the partition: set the cause aside
             log.exception("decision failed for run %s", run_id)
             self._undo(b, run_id, mark)
             reason = self.limits.clip(f"internal error: {exc!r}")
             self._dead_letter(b, cause, Reason.INTERNAL, reason, run_id, p)
 
-    def _undo(self, b: Batch, run_id: str, mark: tuple[int, ...]) -> RunState:
+    def _undo(self, b: Batch, run_id: str, mark: tuple[int, ...]) -> State:
         """Drop the effects since ``mark``, and rebuild the run's working copy from its
         committed state and its facts before the mark (no copy on the happy path)."""
         b.effects.rollback(mark)

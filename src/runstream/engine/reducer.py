@@ -1,16 +1,26 @@
-"""`apply(state, fact)`: the only place a run's state changes.
+"""`apply(state, fact)`: the only place the state of a run or an entity changes.
 
 No clock, no I/O, no randomness: replaying a run's journal facts in order
 always gives the same state, which is what restore and rebuild rely on.
-One case per fact type; a fact the reducer does not know is an error, never skipped.
+One case per fact type, by the kind of state; a fact the reducer does not know for that
+kind is an error, never skipped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import TypeVar
 
-from runstream.engine.state import RunState, Status
+from runstream.engine.state import (
+    EventEntityState,
+    LimitState,
+    RunState,
+    ScheduleState,
+    State,
+    Status,
+    new_state,
+)
 from runstream.schemas.records import (
     END_FACTS,
     RUN_PERMIT_SEQ,
@@ -58,14 +68,29 @@ from runstream.schemas.records import (
     ValueRecorded,
 )
 
+S = TypeVar("S", bound=State)
+
 
 class UnknownFactError(ValueError):
     """A fact type the reducer has no rule for: never skipped silently."""
 
 
-def apply(state: RunState, fact: Fact) -> RunState:
-    """Fold ``fact`` into ``state`` (in place) and return it."""
+def apply(state: S, fact: Fact) -> S:
+    """Fold ``fact`` into ``state`` (in place) and return it: a run's facts into a run,
+    each entity's own facts into it (`state.State`)."""
     state.facts += 1
+    if isinstance(state, RunState):
+        _run(state, fact)
+    elif isinstance(state, EventEntityState):
+        _event_entity(state, fact)
+    elif isinstance(state, LimitState):
+        _limit(state, fact)
+    else:
+        _schedule(state, fact)
+    return state
+
+
+def _run(state: RunState, fact: Fact) -> None:
     if state.status is Status.PARKED and not isinstance(fact, RunParked | SignalBuffered):
         state.status, state.reason = Status.RUNNING, None  # the run made progress again
     match fact:
@@ -87,20 +112,6 @@ def apply(state: RunState, fact: Fact) -> RunState:
             state.pending[fact.seq] = fact
             if not fact.granted:
                 state.permits.pop(fact.seq, None)
-        case LimitSet():
-            state.limit = fact
-        case PermitQueued():
-            state.queue.append(fact)
-        case PermitGranted():
-            _take_from_queue(state, fact.holder, fact.seq)
-            state.held[fact.holder, fact.seq] = fact
-            state.served[fact.fairness] = state.grants
-            state.grants += 1
-            if state.limit is not None and state.limit.rate:
-                state.tat_ms = max(state.tat_ms, fact.at_ms) + 1000 / state.limit.rate
-        case PermitReleased():
-            if state.held.pop((fact.holder, fact.seq), None) is None:
-                _take_from_queue(state, fact.holder, fact.seq)
         case TimerFired() | SignalTimedOut() | ValueRecorded() | EventReceived() | EventTimedOut():
             _settle(state, fact)
         case SignalReceived():
@@ -143,7 +154,7 @@ def apply(state: RunState, fact: Fact) -> RunState:
                 state.error, state.code = fact.error, fact.code
             else:
                 state.reason = fact.reason
-        # the rarer facts: children, retries, and the event and schedule entities
+        # the rarer facts: children, retries
         case ChildStarted(awaited=True):
             state.pending[fact.seq] = fact  # until its ChildEnded
         case ChildStarted() | ChildEnded():
@@ -152,12 +163,44 @@ def apply(state: RunState, fact: Fact) -> RunState:
             _reopen(state, fact)
         case RetriedAsNew():
             state.retried_as = fact.new_run_id
+        case _:
+            raise UnknownFactError(type(fact).__name__)
+
+
+def _event_entity(state: EventEntityState, fact: Fact) -> None:
+    match fact:
         case EventPublished() | EventSubscribed() | EventMatched():
             _correlate(state, fact)
         case EventBatched():
             state.batches.setdefault(fact.workflow, []).append(fact)
         case BatchStarted():
             state.batches.pop(fact.workflow, None)
+        case _:
+            raise UnknownFactError(f"{type(fact).__name__} on event entity {state.run_id!r}")
+
+
+def _limit(state: LimitState, fact: Fact) -> None:
+    match fact:
+        case LimitSet():
+            state.limit = fact
+        case PermitQueued():
+            state.queue.append(fact)
+        case PermitGranted():
+            _take_from_queue(state, fact.holder, fact.seq)
+            state.held[fact.holder, fact.seq] = fact
+            state.served[fact.fairness] = state.grants
+            state.grants += 1
+            if state.limit is not None and state.limit.rate:
+                state.tat_ms = max(state.tat_ms, fact.at_ms) + 1000 / state.limit.rate
+        case PermitReleased():
+            if state.held.pop((fact.holder, fact.seq), None) is None:
+                _take_from_queue(state, fact.holder, fact.seq)
+        case _:
+            raise UnknownFactError(f"{type(fact).__name__} on limit entity {state.run_id!r}")
+
+
+def _schedule(state: ScheduleState, fact: Fact) -> None:
+    match fact:
         case ScheduleSet():
             state.schedule, state.paused, state.next_fire_ms = fact, False, fact.next_fire_ms
         case ScheduleFired():
@@ -167,19 +210,18 @@ def apply(state: RunState, fact: Fact) -> RunState:
             if fact.op == "deleted":
                 state.schedule = None
         case _:
-            raise UnknownFactError(type(fact).__name__)
-    return state
+            raise UnknownFactError(f"{type(fact).__name__} on schedule entity {state.run_id!r}")
 
 
-def fold(run_id: str, facts: Iterable[Fact]) -> RunState:
+def fold(run_id: str, facts: Iterable[Fact]) -> State:
     """The state of ``run_id`` after ``facts``, from nothing."""
-    state = RunState(run_id)
+    state = new_state(run_id)
     for fact in facts:
         apply(state, fact)
     return state
 
 
-def _take_from_queue(state: RunState, holder: str, seq: int) -> None:
+def _take_from_queue(state: LimitState, holder: str, seq: int) -> None:
     state.queue = [q for q in state.queue if (q.holder, q.seq) != (holder, seq)]
 
 
@@ -203,7 +245,7 @@ def _settle(
 
 def _reopen(state: RunState, fact: RunRetried) -> None:
     """A failed or dead run goes on: each final step failure of ``fact.seqs`` becomes a
-    retry due now, so the step's next attempt starts (`Rules._run_step`)."""
+    retry due now, so the step's next attempt starts (`rules.steps.run_step`)."""
     state.status, state.ended_at_ms = Status.RUNNING, None
     state.error = state.reason = state.code = None
     state.recoveries = 0
@@ -217,7 +259,9 @@ def _reopen(state: RunState, fact: RunRetried) -> None:
 EVENT_IDS_KEPT = 1000
 
 
-def _correlate(state: RunState, fact: EventPublished | EventSubscribed | EventMatched) -> None:
+def _correlate(
+    state: EventEntityState, fact: EventPublished | EventSubscribed | EventMatched
+) -> None:
     """A correlation entity's events and waits. Only facts' own times are used, so the
     fold stays pure: an event is dropped once a later fact is past its time to live."""
     match fact:

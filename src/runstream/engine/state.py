@@ -1,9 +1,13 @@
-"""A run's state, folded from its journal facts by `reducer.apply`."""
+"""The state of what a journal key names, folded from its facts by `reducer.apply`: a
+run (`RunState`), or one of the engine's own entities (`EventEntityState`,
+`ScheduleState`, `LimitState`); `new_state` picks by the id's kind (`id_kind`)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from runstream.schemas.records import (
     TERMINAL,
@@ -11,6 +15,7 @@ from runstream.schemas.records import (
     EventAwaited,
     EventBatched,
     EventPublished,
+    IdKind,
     LimitSet,
     PermitGranted,
     PermitQueued,
@@ -22,16 +27,37 @@ from runstream.schemas.records import (
     StepHandedOver,
     StepStarted,
     TimerScheduled,
+    id_kind,
 )
 from runstream.schemas.records import Status as Status
 
-__all__ = ["BATCH_SEQ", "Beat", "RunState", "Status"]
+__all__ = [
+    "BATCH_SEQ",
+    "DEADLINE_SEQ",
+    "WAKE_SEQ",
+    "Beat",
+    "EventEntityState",
+    "LimitState",
+    "RunState",
+    "RunView",
+    "ScheduleState",
+    "State",
+    "Status",
+    "beats_of",
+    "new_state",
+]
 
 #: A remote attempt's latest sign of life: (at ms, details as JSON bytes or None).
 Beat = tuple[int, bytes | None]
 
-#: The timer "sequence number" of an event entity's batch windows: below any step's
-#: (compensations take -1, -2, ...), and still a 4-byte key in the projection.
+# A timer's key in the projection is (due, id, seq): a run's timers are told apart by
+# seq; an entity has one timer of its own. The values are what older versions wrote.
+#: The timer seq of a run's execution timeout (no step, sleep or wait takes seq 0).
+DEADLINE_SEQ = 0
+#: The timer seq of a schedule's next fire and of a limit's next grant by its rate.
+WAKE_SEQ = 0
+#: The timer seq of an event entity's batch windows: below any step's (compensations
+#: take -1, -2, ...), and still a 4-byte key in the projection.
 BATCH_SEQ = -(1 << 31) + 1
 
 
@@ -61,25 +87,6 @@ class RunState:
     pending: dict[int, SeqFact] = field(default_factory=dict)
     signals: list[SignalBuffered] = field(default_factory=list)  # buffered, not yet consumed
     signal_ids: set[str] = field(default_factory=set)  # every signal id seen: dedupe
-    # A correlation entity (~event/<name>/<key>), not a run: its events and the waits.
-    events: list[EventPublished] = field(default_factory=list)  # within their time to live
-    event_ids: list[str] = field(default_factory=list)  # the latest ids seen: dedupe
-    subscriptions: list[tuple[str, int]] = field(default_factory=list)  # (run, seq)
-    delivered: set[tuple[str, str]] = field(default_factory=set)  # (run, event id)
-    batches: dict[str, list[EventBatched]] = field(default_factory=dict)  # by workflow
-    # A schedule entity (~schedule/<name>): its definition, whether paused, its next fire.
-    schedule: ScheduleSet | None = None
-    paused: bool = False
-    next_fire_ms: int | None = None
-    # A limit entity (~limit/...): its settings, the permits held, the requests waiting
-    # (in arrival order), the rate limit's theoretical arrival time (ms, GCRA), and when
-    # each fairness key was last served (the grant's number), for round robin.
-    limit: LimitSet | None = None
-    held: dict[tuple[str, int], PermitGranted] = field(default_factory=dict)
-    queue: list[PermitQueued] = field(default_factory=list)
-    tat_ms: float = 0.0
-    served: dict[str, int] = field(default_factory=dict)
-    grants: int = 0
     # A run's permits, requested or held, by seq -> the limit's entity id.
     permits: dict[int, str] = field(default_factory=dict)
     # Remote attempts' latest heartbeats, by seq. Not facts (there are too many): the
@@ -116,32 +123,16 @@ class RunState:
             pending=dict(self.pending),
             signals=list(self.signals),
             signal_ids=set(self.signal_ids),
-            events=list(self.events),
-            event_ids=list(self.event_ids),
-            subscriptions=list(self.subscriptions),
-            delivered=set(self.delivered),
-            batches={wf: list(events) for wf, events in self.batches.items()},
             beats=dict(self.beats),
-            held=dict(self.held),
-            queue=list(self.queue),
-            served=dict(self.served),
             permits=dict(self.permits),
         )
 
     def timers(self) -> set[tuple[int, int]]:
-        """(due_ms, seq) of every open operation that waits for a time; seq 0 is the
-        run's own execution timeout."""
+        """(due_ms, seq) of every open operation that waits for a time, and the run's
+        own execution timeout (`DEADLINE_SEQ`)."""
         out = set()
         if self.deadline_ms is not None and not self.terminal:
-            out.add((self.deadline_ms, 0))
-        if self.next_fire_ms is not None:  # a schedule's next fire
-            out.add((self.next_fire_ms, 0))
-        wake = self.next_grant_ms()
-        if wake is not None:  # a limit's rate allows its next grant
-            out.add((wake, 0))
-        windows = [b[0].due_ms for b in self.batches.values() if b and b[0].due_ms is not None]
-        if windows:  # the first batch window to close (seq -1: an event entity's batches)
-            out.add((min(windows), BATCH_SEQ))
+            out.add((self.deadline_ms, DEADLINE_SEQ))
         for seq, fact in self.pending.items():
             match fact:
                 case TimerScheduled(due_ms=due):
@@ -157,38 +148,6 @@ class RunState:
                 ):
                     out.add((due, seq))
         return out
-
-    def asked(self, holder: str, seq: int) -> bool:
-        """A limit entity holds out a permit to ``holder`` at ``seq``, or queues its request."""
-        return (holder, seq) in self.held or any(
-            (q.holder, q.seq) == (holder, seq) for q in self.queue
-        )
-
-    def can_grant(self, now: int) -> bool:
-        """A limit entity may grant a permit at ``now`` (concurrency and rate allow it)."""
-        if self.limit is None or self._full():
-            return False
-        wake = self._rate_wake()
-        return wake is None or wake <= now
-
-    def next_grant_ms(self) -> int | None:
-        """When a limit entity with requests waiting for nothing but its rate may grant
-        (None when full: a release will grant)."""
-        if not self.queue or self._full():
-            return None
-        return self._rate_wake()
-
-    def _full(self) -> bool:
-        lim = self.limit
-        return lim is not None and lim.concurrency is not None and len(self.held) >= lim.concurrency
-
-    def _rate_wake(self) -> int | None:
-        """When the token bucket has a token (GCRA: its arrival time less the burst)."""
-        lim = self.limit
-        if lim is None or not lim.rate:
-            return None
-        interval = 1000 / lim.rate
-        return math.ceil(self.tat_ms - (max(lim.burst, 1) - 1) * interval)
 
     def liveness_due(self, seq: int, started: StepStarted, since: int = 0) -> int | None:
         """When the remote attempt ``started`` times out, unless a heartbeat comes first:
@@ -211,3 +170,174 @@ class RunState:
     def handed_over_steps(self) -> list[int]:
         """Sequence numbers of steps a graceful handover let go: to start again."""
         return [s for s, f in self.pending.items() if isinstance(f, StepHandedOver)]
+
+
+@dataclass(slots=True)
+class EventEntityState:
+    """A correlation entity ``~event/<name>/<key>``: its events within their time to
+    live, the waits open there, and the batches it collects for triggered workflows."""
+
+    run_id: str  # its id: the journal key
+    facts: int = 0
+    events: list[EventPublished] = field(default_factory=list)  # within their time to live
+    event_ids: list[str] = field(default_factory=list)  # the latest ids seen: dedupe
+    subscriptions: list[tuple[str, int]] = field(default_factory=list)  # (run, seq)
+    delivered: set[tuple[str, str]] = field(default_factory=set)  # (run, event id)
+    batches: dict[str, list[EventBatched]] = field(default_factory=dict)  # by workflow
+
+    def copy(self) -> EventEntityState:
+        return replace(
+            self,
+            events=list(self.events),
+            event_ids=list(self.event_ids),
+            subscriptions=list(self.subscriptions),
+            delivered=set(self.delivered),
+            batches={wf: list(events) for wf, events in self.batches.items()},
+        )
+
+    def timers(self) -> set[tuple[int, int]]:
+        """The first batch window to close (`BATCH_SEQ`)."""
+        windows = [b[0].due_ms for b in self.batches.values() if b and b[0].due_ms is not None]
+        return {(min(windows), BATCH_SEQ)} if windows else set()
+
+
+@dataclass(slots=True)
+class ScheduleState:
+    """A schedule entity ``~schedule/<name>``: its definition, whether paused, its next fire."""
+
+    run_id: str  # its id: the journal key
+    facts: int = 0
+    schedule: ScheduleSet | None = None
+    paused: bool = False
+    next_fire_ms: int | None = None
+
+    def copy(self) -> ScheduleState:
+        return replace(self)
+
+    def timers(self) -> set[tuple[int, int]]:
+        """Its next fire (`WAKE_SEQ`)."""
+        return set() if self.next_fire_ms is None else {(self.next_fire_ms, WAKE_SEQ)}
+
+
+@dataclass(slots=True)
+class LimitState:
+    """A limit entity ``~limit/...``: its settings, the permits held, the requests waiting
+    (in arrival order), the rate limit's theoretical arrival time (ms, GCRA), and when
+    each fairness key was last served (the grant's number), for round robin."""
+
+    run_id: str  # its id: the journal key
+    facts: int = 0
+    limit: LimitSet | None = None
+    held: dict[tuple[str, int], PermitGranted] = field(default_factory=dict)
+    queue: list[PermitQueued] = field(default_factory=list)
+    tat_ms: float = 0.0
+    served: dict[str, int] = field(default_factory=dict)
+    grants: int = 0
+
+    def copy(self) -> LimitState:
+        return replace(self, held=dict(self.held), queue=list(self.queue), served=dict(self.served))
+
+    def timers(self) -> set[tuple[int, int]]:
+        """When its rate allows its next grant (`WAKE_SEQ`)."""
+        wake = self.next_grant_ms()
+        return set() if wake is None else {(wake, WAKE_SEQ)}
+
+    def asked(self, holder: str, seq: int) -> bool:
+        """It holds out a permit to ``holder`` at ``seq``, or queues its request."""
+        return (holder, seq) in self.held or any(
+            (q.holder, q.seq) == (holder, seq) for q in self.queue
+        )
+
+    def can_grant(self, now: int) -> bool:
+        """It may grant a permit at ``now`` (concurrency and rate allow it)."""
+        if self.limit is None or self._full():
+            return False
+        wake = self._rate_wake()
+        return wake is None or wake <= now
+
+    def next_grant_ms(self) -> int | None:
+        """When it may grant to the requests waiting, for nothing but its rate
+        (None when full: a release will grant)."""
+        if not self.queue or self._full():
+            return None
+        return self._rate_wake()
+
+    def _full(self) -> bool:
+        lim = self.limit
+        return lim is not None and lim.concurrency is not None and len(self.held) >= lim.concurrency
+
+    def _rate_wake(self) -> int | None:
+        """When the token bucket has a token (GCRA: its arrival time less the burst)."""
+        lim = self.limit
+        if lim is None or not lim.rate:
+            return None
+        interval = 1000 / lim.rate
+        return math.ceil(self.tat_ms - (max(lim.burst, 1) - 1) * interval)
+
+
+#: The state of anything the journal keeps: a run or one of the engine's entities.
+State = RunState | EventEntityState | ScheduleState | LimitState
+
+_STATES: dict[IdKind, type[State]] = {
+    IdKind.RUN: RunState,
+    IdKind.EVENT: EventEntityState,
+    IdKind.SCHEDULE: ScheduleState,
+    IdKind.LIMIT: LimitState,
+}
+
+
+def new_state(run_id: str) -> State:
+    """The empty state of what ``run_id`` names (its kind: `id_kind`)."""
+    return _STATES[id_kind(run_id)](run_id)
+
+
+def beats_of(state: State) -> dict[int, Beat]:
+    """The remote attempts' heartbeats of ``state`` (only a run has any)."""
+    return state.beats if isinstance(state, RunState) else {}
+
+
+class RunView(Protocol):
+    """A run's state, read only: what code that answers about a run, or tells others of
+    it, may see (Zeebe's ReadonlyProcessingState). `RunState` is one."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def workflow(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def input(self) -> bytes: ...
+    @property
+    def status(self) -> Status: ...
+    @property
+    def started_at_ms(self) -> int: ...
+    @property
+    def ended_at_ms(self) -> int | None: ...
+    @property
+    def parent_run_id(self) -> str | None: ...
+    @property
+    def parent_seq(self) -> int | None: ...
+    @property
+    def resolved(self) -> Mapping[int, SeqFact]: ...
+    @property
+    def pending(self) -> Mapping[int, SeqFact]: ...
+    @property
+    def output(self) -> bytes | None: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def code(self) -> str | None: ...
+    @property
+    def continued_as(self) -> str | None: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def exists(self) -> bool: ...
+    @property
+    def terminal(self) -> bool: ...
+    def running_steps(self) -> list[int]: ...
+    def remote_steps(self) -> list[int]: ...
+    def handed_over_steps(self) -> list[int]: ...

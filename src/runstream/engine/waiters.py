@@ -12,14 +12,16 @@ while, so nothing is lost, and nothing is written to the journal per question.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TypeGuard
 
-from runstream.engine.state import RunState, Status
+from runstream.engine.state import RunState, State, Status
 from runstream.engine.work import Batch, Waiter
 from runstream.schemas.records import RunInfo
 
 
-def _ended(st: RunState) -> bool:
-    return st.terminal or st.status is Status.REJECTED
+def _ended(st: State) -> TypeGuard[RunState]:
+    """A run ended (or its start was rejected); an entity never ends."""
+    return isinstance(st, RunState) and (st.terminal or st.status is Status.REJECTED)
 
 
 #: Questions kept at most (a client that never reads its answers must not fill memory).

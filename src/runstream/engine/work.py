@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from runstream.engine.state import RunState
+from runstream.engine.state import State
 from runstream.engine.workflow import StepDef
 from runstream.schemas.records import Command, DeadLetter, Fact, LifecycleEvent, RunInfo, StepTask
 
@@ -173,11 +173,11 @@ class Effects:
 
 @dataclass(slots=True)
 class Working:
-    """A run's state before the batch (as committed) and its working copy."""
+    """A run's (or an entity's) state before the batch (as committed) and its working copy."""
 
     partition: int
-    before: RunState
-    after: RunState
+    before: State
+    after: State
 
 
 class Batch:
@@ -189,7 +189,7 @@ class Batch:
 
     def __init__(
         self,
-        load: Callable[[int, str], RunState],
+        load: Callable[[int, str], State],
         now: int,
         parked: Mapping[str, str] | None = None,
         since: Callable[[int], int] | None = None,
@@ -205,8 +205,8 @@ class Batch:
         # Runs whose workflow code must not run in this batch, with why (runtime.budget).
         self.parked: Mapping[str, str] = parked or {}
 
-    def state(self, partition: int, run_id: str) -> RunState:
-        """The run's working copy in this batch."""
+    def state(self, partition: int, run_id: str) -> State:
+        """The working copy in this batch of the run (or entity) ``run_id``."""
         w = self.runs.get(run_id)
         if w is None:
             before = self.load(partition, run_id)

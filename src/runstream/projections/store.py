@@ -29,7 +29,7 @@ from typing import Any
 from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch
 
 from runstream.engine.reducer import apply
-from runstream.engine.state import Beat, RunState, Status
+from runstream.engine.state import Beat, RunState, State, Status, beats_of, new_state
 from runstream.engine.work import LogRecord
 from runstream.errors import DecodeError
 from runstream.schemas.codec import Codec
@@ -59,10 +59,12 @@ def _timer_key(due_ms: int, run: bytes, seq: int) -> bytes:
     )
 
 
-def index_keys(state: RunState) -> set[bytes]:
-    """The index entries a run in ``state`` should have."""
+def index_keys(state: State) -> set[bytes]:
+    """The index entries a run (or an entity) in ``state`` should have."""
     run = _run(state.run_id)
     keys = {_timer_key(due, run, seq) for due, seq in state.timers()}
+    if not isinstance(state, RunState):  # an entity has its timer, nothing else
+        return keys
     if state.running_steps():
         keys.add(b"i" + run)
     if state.handed_over_steps():
@@ -102,7 +104,7 @@ class PartitionStore:
         self.path = path
         self._db: Rdict | None = Rdict(str(path), opts, access_type=access)
         self._codec = codec
-        self._cache: OrderedDict[str, RunState] = OrderedDict()
+        self._cache: OrderedDict[str, State] = OrderedDict()
         self._cache_size = cache_size
         raw = self._db.get(_OFFSET_KEY)
         self.journal_offset: int = int.from_bytes(raw, "big") if raw else 0
@@ -113,20 +115,20 @@ class PartitionStore:
             raise RuntimeError(f"projection {self.path} is closed")
         return self._db
 
-    def get(self, run_id: str) -> RunState:
+    def get(self, run_id: str) -> State:
         """The committed state of ``run_id`` (empty if the run does not exist). Do not
         mutate it: take ``.copy()``."""
         state = self._cache.get(run_id)
         if state is not None:
             self._cache.move_to_end(run_id)
             return state
-        state = RunState(run_id)
+        state = new_state(run_id)
         run = _run(run_id)
         if self.db.get(_fact_key(run, 0)) is not None:  # a point lookup: new runs are common
             for fact in self.facts(run_id):
                 apply(state, fact)
             beats = self.db.get(b"b" + run)
-            if beats is not None:
+            if beats is not None and isinstance(state, RunState):
                 state.beats = _load_beats(beats)
         self._remember(state)
         return state
@@ -137,7 +139,7 @@ class PartitionStore:
             yield self._codec.decode(data)  # type: ignore[misc]  # only facts are stored
 
     def commit(
-        self, changes: Iterable[tuple[RunState, RunState, list[bytes]]], journal_offset: int
+        self, changes: Iterable[tuple[State, State, list[bytes]]], journal_offset: int
     ) -> None:
         """Write ``(before, after, new encoded facts)`` per run and the journal offset
         they reach, atomically, then make ``after`` the cached state."""
@@ -152,9 +154,10 @@ class PartitionStore:
                 batch.delete(key)
             for key in new - old:
                 batch.put(key, b"")
-            if after.beats != before.beats:
-                if after.beats:
-                    batch.put(b"b" + run, _dump_beats(after.beats))
+            beats = beats_of(after)
+            if beats != beats_of(before):
+                if beats:
+                    batch.put(b"b" + run, _dump_beats(beats))
                 else:
                     batch.delete(b"b" + run)
             afters.append(after)
@@ -196,8 +199,9 @@ class PartitionStore:
             self._cache.clear()
             gc.collect()  # rocksdict keeps the LOCK while any handle object is alive
 
-    def _remember(self, state: RunState) -> None:
-        if state.terminal:  # rarely asked for again: read from RocksDB then
+    def _remember(self, state: State) -> None:
+        # An ended run is rarely asked for again: read from RocksDB then.
+        if isinstance(state, RunState) and state.terminal:
             self._cache.pop(state.run_id, None)
             return
         self._cache[state.run_id] = state
@@ -221,7 +225,7 @@ def key_range(db: Rdict, lo: bytes, hi: bytes, what: str = "keys") -> Iterator[A
 def catch_up(stores: dict[int, PartitionStore], journal: Iterable[LogRecord]) -> int:
     """Apply journal records (each partition's, in order, from its store's offset) to the
     stores, committing every 2,000 runs and at the end; how many facts were applied."""
-    changes: dict[int, dict[str, tuple[RunState, RunState, list[bytes]]]] = {p: {} for p in stores}
+    changes: dict[int, dict[str, tuple[State, State, list[bytes]]]] = {p: {} for p in stores}
     offsets = {p: s.journal_offset for p, s in stores.items()}
     count = 0
     for rec in journal:

@@ -134,6 +134,28 @@ def schedule_id(name: str) -> str:
     return f"{ENTITY_PREFIX}schedule/{name}"
 
 
+class IdKind(StrEnum):
+    """What a journal key names: a run, or one of the engine's own entities."""
+
+    RUN = "run"
+    EVENT = "event"  # correlation_id: published events and the waits for them
+    LIMIT = "limit"  # limit_id: permits
+    SCHEDULE = "schedule"  # schedule_id
+
+
+_ENTITY_KINDS = {f"{ENTITY_PREFIX}{k}/": k for k in IdKind if k is not IdKind.RUN}
+
+
+def id_kind(run_id: str) -> IdKind:
+    """The kind of ``run_id``, from its prefix; any id without an entity's prefix names a
+    run (no run may begin with `ENTITY_PREFIX`: `run_id_problem`)."""
+    if run_id.startswith(ENTITY_PREFIX):
+        for prefix, kind in _ENTITY_KINDS.items():
+            if run_id.startswith(prefix):
+                return kind
+    return IdKind.RUN
+
+
 def continuation_of(run_id: str) -> str:
     """The id of the run that continues ``run_id`` (``order`` -> ``order~1`` -> ``order~2``)."""
     base, n = run_id, 0

@@ -1,0 +1,124 @@
+"""Child runs: a parent starts one (`start_child`), an awaited one's end settles the
+parent's seq (`child_result`), and a run's end tells its parent and applies each of its
+children's ``parent_close`` (`ended`, from `core.emit`)."""
+
+from __future__ import annotations
+
+from runstream.engine.replay import ChildCall
+from runstream.engine.rules import core, runs
+from runstream.engine.rules.context import Rejected, Rules
+from runstream.engine.state import RunState, RunView
+from runstream.engine.work import Batch
+from runstream.schemas.records import (
+    Cancel,
+    ChildEnded,
+    ChildResult,
+    ChildStarted,
+    Fact,
+    Reason,
+    RunCancelled,
+    RunCompleted,
+    StartRun,
+    run_id_problem,
+)
+
+
+def start_child(ctx: Rules, b: Batch, st: RunState, call: ChildCall) -> bool:
+    """Record the child's start and produce its StartRun in this transaction (or, if
+    it cannot start, its end at once); True when the workflow goes on now."""
+    if call.seq in st.pending:
+        return False  # started; its end has not come
+    run_id, now = st.run_id, b.now
+    try:
+        problem = run_id_problem(call.child_run_id, new=True)
+        if problem:
+            raise Rejected(Reason.BAD_RUN_ID, f"child run id: {problem}")
+        if runs.checked(ctx, call.workflow, None, call.input) is None:
+            raise Rejected(Reason.UNKNOWN_WORKFLOW, f"no workflow {call.workflow!r}")
+        too_large = ctx.limits.too_large("the child's input", len(call.input))
+        if too_large:
+            raise Rejected(Reason.OVERSIZE, too_large)
+    except Rejected as exc:
+        ended = ChildEnded(
+            run_id, now, call.seq, call.workflow, call.child_run_id, "rejected", None,
+            ctx.limits.clip(f"{exc.code}: {exc.reason}"),
+        )  # fmt: skip
+        core.emit(b, st, ended)
+        return True
+    started = ChildStarted(
+        run_id, now, call.seq, call.workflow, call.child_run_id, call.awaited,
+        call.parent_close,
+    )  # fmt: skip
+    core.emit(b, st, started)
+    b.effects.commands.append(
+        StartRun(
+            call.child_run_id,
+            call.workflow,
+            call.input,
+            parent_run_id=run_id,
+            sent_at_ms=now,
+            parent_seq=call.seq if call.awaited else None,
+        )
+    )
+    return not call.awaited
+
+
+def child_result(ctx: Rules, b: Batch, st: RunState, cmd: ChildResult) -> None:
+    """An awaited child ended: settle the parent's seq and go on."""
+    started = st.pending.get(cmd.seq)
+    if not (isinstance(started, ChildStarted) and started.child_run_id == cmd.child_run_id):
+        told = st.resolved.get(cmd.seq)
+        again = isinstance(told, ChildEnded) and told.child_run_id == cmd.child_run_id
+        if st.terminal or again:
+            return  # the parent ended first, or it was told already
+        raise Rejected(
+            Reason.UNEXPECTED_RESULT,
+            f"run {st.run_id!r} awaits no child {cmd.child_run_id!r} at seq {cmd.seq}",
+        )
+    ended = ChildEnded(
+        st.run_id, b.now, cmd.seq, started.name, cmd.child_run_id, cmd.status, cmd.output,
+        cmd.error,
+    )  # fmt: skip
+    core.emit(b, st, ended)
+    core.advance(ctx, b, st)
+
+
+def children(st: RunView) -> list[ChildStarted]:
+    """The child runs ``st`` started that may still run (awaited ones not ended, and
+    every fire-and-forget one: the parent is not told of their end)."""
+    facts = [*st.pending.values(), *st.resolved.values()]
+    return [f for f in facts if isinstance(f, ChildStarted)]
+
+
+def ended(b: Batch, st: RunView, fact: Fact, kids: list[ChildStarted]) -> None:
+    """The run ended: tell the parent awaiting it, in this transaction, and apply the
+    ``parent_close`` of each of its ``kids`` (`children`, taken before the end; a cancel
+    has cancelled them already, or abandoned)."""
+    continued = isinstance(fact, RunCompleted) and fact.continued_as
+    if st.parent_run_id and st.parent_seq is not None and not continued:
+        output = fact.output if isinstance(fact, RunCompleted) else None
+        error = None if isinstance(fact, RunCompleted) else (st.error or st.reason or "")
+        b.effects.commands.append(
+            ChildResult(
+                st.parent_run_id, st.parent_seq, st.run_id, st.status.value, output, error,
+                b.now,
+            )
+        )  # fmt: skip
+    if isinstance(fact, RunCancelled):
+        return
+    for child in kids:
+        if child.parent_close == "abandon":
+            continue
+        why = f"its parent {st.run_id!r} ended ({st.status.value}) first"
+        compensate = child.parent_close == "request_cancel"
+        b.effects.commands.append(Cancel(child.child_run_id, compensate, why, b.now, False))
+
+
+def child_ids(st: RunView) -> list[str]:
+    """The child runs ``st`` started (running or ended), in the order it started them."""
+    facts = sorted({**st.resolved, **st.pending}.items())
+    return [
+        f.child_run_id
+        for _, f in facts
+        if isinstance(f, ChildStarted) or (isinstance(f, ChildEnded) and f.status != "rejected")
+    ]

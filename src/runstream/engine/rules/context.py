@@ -1,0 +1,43 @@
+"""What every rule is parameterised by (`Rules`), and how a rule refuses (`Rejected`)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+from runstream.engine.limits import Limits
+from runstream.engine.replay import Replayer
+from runstream.engine.workflow import Registry
+from runstream.schemas.records import Reason
+
+Activation = Callable[[str], AbstractContextManager[None]]
+
+
+class Rejected(Exception):
+    """A command the engine refuses: it goes to the dead-letter topic with ``code``."""
+
+    def __init__(self, code: Reason, reason: str) -> None:
+        super().__init__(reason)
+        self.code, self.reason = code, reason
+
+
+class Rules:
+    """What the rules are parameterised by: the workflows one App registered, and the
+    engine's settings. Every handler takes it first; it holds no run's state."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        limits: Limits,
+        journal_topic: str,
+        max_recovery_attempts: int = 3,
+        activation: Activation | None = None,
+    ) -> None:
+        self.registry = registry
+        self.replayer = Replayer(registry)
+        self.journal_topic = journal_topic  # where a dead run's dead letter points
+        self.limits = limits
+        self.max_recovery_attempts = max_recovery_attempts
+        # Brackets each run of workflow code (the shell gives it a time budget).
+        self.activation: Activation = activation or (lambda _run: contextlib.nullcontext())

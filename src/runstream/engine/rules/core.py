@@ -1,0 +1,230 @@
+"""The loop every rule ends in: replay the workflow and record what it does next, until
+it waits or ends (`advance`, `_follow`); compensate, park, and `emit` one fact."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runstream.engine import lifecycle, payload
+from runstream.engine.reducer import apply
+from runstream.engine.replay import (
+    Blocked,
+    ChildCall,
+    Completed,
+    ContinuedAsNew,
+    EventWait,
+    Failed,
+    NonDeterministic,
+    Overran,
+    Replay,
+    SignalWait,
+    SleepCall,
+    StepCall,
+    replay,
+)
+from runstream.engine.rules import children, runs, steps
+from runstream.engine.rules.context import Rules
+from runstream.engine.state import RunState, RunView, State, Status
+from runstream.engine.work import Batch
+from runstream.engine.workflow import WorkflowDef
+from runstream.errors import Failure, failure_code
+from runstream.schemas.records import (
+    END_FACTS,
+    RUN_PERMIT_SEQ,
+    CompensationStarted,
+    EventAwaited,
+    Fact,
+    PermitRequested,
+    Release,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunParked,
+    SignalAwaited,
+    SignalReceived,
+    StepFailed,
+    Subscribe,
+    TimerScheduled,
+    continuation_of,
+    correlation_id,
+)
+
+OVERRAN = (
+    "workflow code ran past its time budget (Settings.activation_budget) and was "
+    "stopped: a loop or a blocking call in workflow code? Do I/O in steps"
+)
+
+
+def advance(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int] = frozenset()) -> None:
+    """Replay the workflow and record what it does next, until it waits or ends."""
+    if isinstance(st.pending.get(RUN_PERMIT_SEQ), PermitRequested):
+        return  # no code runs before the run's permit comes
+    while not st.terminal:
+        if st.compensation is not None:
+            _relaunch_forward(ctx, b, st, relaunch)
+            compensate(ctx, b, st, relaunch)
+            return
+        wf = ctx.registry.get(st.workflow, st.version)
+        if wf is None:
+            park(
+                ctx,
+                b,
+                st,
+                f"workflow {st.workflow!r} version {st.version!r} is not "
+                "registered on this instance",
+            )
+            return
+        if st.run_id in b.parked:
+            park(ctx, b, st, b.parked[st.run_id])
+            return
+        result = _replay(ctx, wf, st, b.now)
+        for fact in result.new_facts:
+            emit(b, st, fact)
+        if not _follow(ctx, b, st, result, relaunch):
+            return
+
+
+def _replay(ctx: Rules, wf: WorkflowDef, st: RunState, now: int) -> Replay:
+    return ctx.replayer.replay(wf, st, now, ctx.activation(st.run_id))
+
+
+def _follow(ctx: Rules, b: Batch, st: RunState, result: Replay, relaunch: frozenset[int]) -> bool:
+    """Record the consequence of one replay; True when the workflow can go further now."""
+    run_id, now = st.run_id, b.now
+    match result.outcome:
+        case Completed(value):
+            output, problem = _dumps(ctx, "the run's output", value)
+            if problem:
+                emit(b, st, RunFailed(run_id, now, problem, "", Failure.BAD_OUTPUT))
+            else:
+                emit(b, st, RunCompleted(run_id, now, output))
+        case ContinuedAsNew(value):
+            data, problem = _dumps(ctx, "the continue-as-new input", value)
+            if problem:
+                emit(b, st, RunFailed(run_id, now, problem, "", Failure.BAD_OUTPUT))
+                return False
+            successor = continuation_of(run_id)
+            emit(b, st, RunCompleted(run_id, now, b"null", successor))
+            runs.start_successor(b, st, successor, data, dict(st.tags), st.parent_seq)
+        case Failed(error, tb):
+            error, tb = ctx.limits.clip(error), ctx.limits.clip(tb)
+            if result.compensations:
+                emit(b, st, CompensationStarted(run_id, now, error, tb, False))
+                return True  # advance compensates
+            emit(b, st, RunFailed(run_id, now, error, tb, Failure.WORKFLOW_ERROR))
+        case NonDeterministic(err):
+            park(ctx, b, st, f"non-determinism: {err}")
+        case Overran():
+            park(ctx, b, st, OVERRAN)
+        case Blocked(StepCall(seq, step, args, priority, fairness)):
+            steps.run_step(ctx, b, st, seq, step, args, relaunch, priority, fairness)
+        case Blocked(SleepCall(seq, secs)):
+            if seq not in st.pending:
+                emit(b, st, TimerScheduled(run_id, now, seq, now + int(secs * 1000)))
+        case Blocked(SignalWait(seq, name, timeout)):
+            if seq in st.pending:
+                return False
+            buffered = next((s for s in st.signals if s.name == name), None)
+            if buffered is not None:
+                emit(
+                    b,
+                    st,
+                    SignalReceived(run_id, now, seq, name, buffered.payload, buffered.signal_id),
+                )
+                return True
+            timeout_at = None if timeout is None else now + int(timeout * 1000)
+            emit(b, st, SignalAwaited(run_id, now, seq, name, timeout_at))
+        case Blocked(ChildCall() as call):
+            return children.start_child(ctx, b, st, call)
+        case Blocked(EventWait(seq, name, key, timeout)):
+            if seq not in st.pending:
+                timeout_at = None if timeout is None else now + int(timeout * 1000)
+                emit(b, st, EventAwaited(run_id, now, seq, name, key, timeout_at))
+                corr = correlation_id(name, key)
+                b.effects.commands.append(Subscribe(corr, name, run_id, seq, key, False, now))
+    return False
+
+
+def _relaunch_forward(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int]) -> None:
+    """A forward step recovered while the run compensates (a cancel came between its
+    process going away and the recovery): run it again, as the compensation waits for
+    it. Its call (step and arguments) is where the workflow's replay blocks."""
+    wf = ctx.registry.get(st.workflow, st.version)
+    if wf is None or not any(s > 0 for s in relaunch):
+        return
+    outcome = replay(wf, st, ctx.registry, b.now, ctx.activation(st.run_id)).outcome
+    match outcome:
+        case Blocked(StepCall(seq, step, args)) if seq in relaunch:
+            steps.run_step(ctx, b, st, seq, step, args, relaunch)
+
+
+def compensate(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int] = frozenset()) -> None:
+    """Wait for the steps in flight; then undo every completed step that registered a
+    compensation, newest first, one at a time: the undo of step ``s`` is step ``-s``.
+    Then end the run (cancelled or failed, with any compensation's failure)."""
+    if in_flight(st):
+        return
+    for c in sorted(compensations(ctx, b, st), key=lambda c: c.seq, reverse=True):
+        if -c.seq not in st.resolved:
+            steps.run_step(ctx, b, st, -c.seq, c.step, c.args, relaunch)
+            return
+    failures = [
+        f"compensation {f.name!r} failed: {f.error}"
+        for s, f in sorted(st.resolved.items(), reverse=True)
+        if s < 0 and isinstance(f, StepFailed)
+    ]
+    c = st.compensation
+    assert c is not None
+    text = ctx.limits.clip("; ".join([c.error, *failures]))
+    if c.cancelled:
+        emit(b, st, RunCancelled(st.run_id, b.now, text))
+    else:
+        code = failure_code(c.error) or Failure.WORKFLOW_ERROR  # the cause: its text is ours
+        emit(b, st, RunFailed(st.run_id, b.now, text, c.traceback, code))
+
+
+def compensations(ctx: Rules, b: Batch, st: RunState) -> list[Any]:
+    wf = ctx.registry.get(st.workflow, st.version)
+    guard = ctx.activation(st.run_id)
+    return replay(wf, st, ctx.registry, b.now, guard).compensations if wf else []
+
+
+def in_flight(st: RunView) -> bool:
+    """A forward step (positive seq) is running, or handed over to run again."""
+    return any(s > 0 for s in st.running_steps() + st.remote_steps() + st.handed_over_steps())
+
+
+def park(ctx: Rules, b: Batch, st: RunState, reason: str) -> None:
+    reason = ctx.limits.clip(reason)
+    if not (st.status is Status.PARKED and st.reason == reason):
+        emit(b, st, RunParked(st.run_id, b.now, reason))
+
+
+def _dumps(ctx: Rules, what: str, value: Any) -> tuple[bytes, str | None]:
+    """JSON bytes of a workflow's value, or why it cannot be recorded."""
+    try:
+        data = payload.dumps(value)
+    except Exception as exc:  # pydantic_core.PydanticSerializationError and friends
+        return b"", ctx.limits.clip(f"{what} is not JSON-serialisable: {exc}")
+    return data, ctx.limits.too_large(what, len(data))
+
+
+def emit(b: Batch, st: State, fact: Fact) -> None:
+    """Record ``fact``: apply it to the working copy, add it to the batch with its
+    lifecycle event; an end also gives the run's permits back and tells its family."""
+    if not isinstance(st, RunState):  # an entity's fact: no lifecycle, never an end
+        apply(st, fact)
+        b.effects.facts.append(fact)
+        return
+    ending = type(fact) in END_FACTS
+    kids = children.children(st) if ending else []  # before the end clears pending
+    permits = dict(st.permits) if ending else {}
+    apply(st, fact)
+    b.effects.facts.append(fact)
+    ev = lifecycle.event(fact, st)
+    if ev is not None:
+        b.effects.lifecycle.append(ev)
+    if ending:
+        for seq, limit in permits.items():  # the run's permits and requests go back
+            b.effects.commands.append(Release(limit, st.run_id, seq, b.now))
+        children.ended(b, st, fact, kids)

@@ -1,0 +1,150 @@
+"""Named events: the correlation entity ``~event/<name>/<key>`` keeps published events,
+open waits and batches (publish, subscribe, close_batches); then the waiting run's side
+(deliver_event). A run's wait is recorded by `core`, its timeout by `timers`."""
+
+from __future__ import annotations
+
+from runstream.engine import payload
+from runstream.engine.rules import core
+from runstream.engine.rules.context import Rules
+from runstream.engine.state import EventEntityState, RunState
+from runstream.engine.work import Batch
+from runstream.engine.workflow import WorkflowDef
+from runstream.schemas.records import (
+    BatchStarted,
+    DeadLetter,
+    DeliverEvent,
+    EventAwaited,
+    EventBatched,
+    EventMatched,
+    EventPublished,
+    EventReceived,
+    EventSubscribed,
+    Kind,
+    LifecycleEvent,
+    PublishEvent,
+    Reason,
+    StartRun,
+    Subscribe,
+)
+
+
+def publish(ctx: Rules, b: Batch, corr: EventEntityState, cmd: PublishEvent) -> None:
+    """An event reaches the entity of its name and key: every wait open there gets it,
+    each workflow it triggers starts, and it is kept for its time to live. A retried
+    publish (the same event id) counts once."""
+    if cmd.event_id in corr.event_ids:
+        return
+    now = b.now
+    fact = EventPublished(  # its size was checked with the command's (Decider.handle)
+        corr.run_id, now, cmd.name, cmd.event_id, cmd.payload, cmd.key, now + cmd.ttl_ms
+    )
+    core.emit(b, corr, fact)
+    waiting = list(corr.subscriptions)
+    for run_id, seq in waiting:
+        _deliver(b, corr, run_id, seq, fact)
+    started = _trigger(ctx, b, corr, cmd)
+    if not (waiting or started or cmd.ttl_ms > 0):  # for analytics, not dead-lettered
+        b.effects.lifecycle.append(
+            LifecycleEvent(
+                Kind.EVENT_UNMATCHED, corr.run_id, now,
+                reason=f"no run waited for event {cmd.name!r} (key {cmd.key!r}) and no "
+                "workflow is triggered by it",
+            )
+        )  # fmt: skip
+
+
+def _trigger(ctx: Rules, b: Batch, corr: EventEntityState, cmd: PublishEvent) -> int:
+    """Start the workflows ``cmd`` triggers, once per event or per key, or add it to
+    their batches; how many want it."""
+    started = 0
+    for wf in ctx.registry.triggered_by(cmd.name):
+        if wf.batch is not None or wf.window is not None:
+            _batch(ctx, b, corr, wf, cmd)
+            started += 1
+            continue
+        try:
+            key = cmd.event_id if wf.event_key is None else wf.event_key(
+                payload.loads(cmd.payload)
+            )  # fmt: skip
+        except Exception as exc:  # user code: its failure must not lose the event
+            reason = ctx.limits.clip(
+                f"the key of workflow {wf.name!r} for event {cmd.name!r} failed: {exc!r}"
+            )
+            b.effects.dead_letters.append(
+                DeadLetter(reason, "", 0, -1, None, None, None, b.now, Reason.INVALID_INPUT)
+            )
+            continue
+        run_id = f"{wf.name}:{key}"
+        b.effects.commands.append(StartRun(run_id, wf.name, cmd.payload, sent_at_ms=b.now))
+        started += 1
+    return started
+
+
+def _batch(
+    ctx: Rules, b: Batch, corr: EventEntityState, wf: WorkflowDef, cmd: PublishEvent
+) -> None:
+    """Add the event to the workflow's open batch here (starting the batch first if the
+    event would make its input too large); start its run once it is full."""
+    events = corr.batches.get(wf.name, [])
+    size = sum(len(e.payload) + 1 for e in events) + len(cmd.payload) + 2
+    if events and ctx.limits.too_large("a batch", size):
+        _start_batch(b, corr, wf.name)
+        events = []
+    due = None
+    if wf.window is not None:
+        due = events[0].due_ms if events else b.now + int(wf.window * 1000)
+    batched = EventBatched(corr.run_id, b.now, wf.name, cmd.event_id, cmd.payload, due)
+    core.emit(b, corr, batched)
+    if wf.batch is not None and len(corr.batches[wf.name]) >= wf.batch:
+        _start_batch(b, corr, wf.name)
+
+
+def close_batches(b: Batch, corr: EventEntityState) -> None:
+    """The window of some batches here closed: start their runs."""
+    for workflow, events in list(corr.batches.items()):
+        if events and events[0].due_ms is not None and events[0].due_ms <= b.now:
+            _start_batch(b, corr, workflow)
+
+
+def _start_batch(b: Batch, corr: EventEntityState, workflow: str) -> None:
+    events = corr.batches[workflow]
+    key = corr.run_id.rsplit("/", 1)[-1]
+    run_id = f"{workflow}:{key}:{events[0].event_id}"
+    data = b"[" + b",".join(e.payload for e in events) + b"]"
+    core.emit(b, corr, BatchStarted(corr.run_id, b.now, workflow, run_id))
+    b.effects.commands.append(StartRun(run_id, workflow, data, sent_at_ms=b.now))
+
+
+def subscribe(ctx: Rules, b: Batch, corr: EventEntityState, cmd: Subscribe) -> None:
+    """A run waits for the next event here (or no longer does): give it the oldest
+    event still within its time to live that it has not had, or keep the wait open."""
+    if cmd.cancel:
+        if (cmd.subscriber, cmd.seq) in corr.subscriptions:
+            core.emit(b, corr, EventMatched(corr.run_id, b.now, cmd.subscriber, cmd.seq, ""))
+        return
+    for event in corr.events:
+        fresh = event.expires_at_ms > b.now
+        if fresh and (cmd.subscriber, event.event_id) not in corr.delivered:
+            _deliver(b, corr, cmd.subscriber, cmd.seq, event)
+            return
+    core.emit(b, corr, EventSubscribed(corr.run_id, b.now, cmd.subscriber, cmd.seq))
+
+
+def _deliver(
+    b: Batch, corr: EventEntityState, run_id: str, seq: int, event: EventPublished
+) -> None:
+    core.emit(b, corr, EventMatched(corr.run_id, b.now, run_id, seq, event.event_id))
+    b.effects.commands.append(
+        DeliverEvent(run_id, seq, event.name, event.event_id, event.payload, b.now)
+    )
+
+
+def deliver_event(ctx: Rules, b: Batch, st: RunState, cmd: DeliverEvent) -> None:
+    """The event matched to the run's wait at ``seq``; too late if the wait is over."""
+    waiting = st.pending.get(cmd.seq)
+    if not isinstance(waiting, EventAwaited) or waiting.name != cmd.name:
+        return  # it timed out, or the run ended: the event was not for it anymore
+    received = EventReceived(st.run_id, b.now, cmd.seq, cmd.name, cmd.event_id, cmd.payload)
+    core.emit(b, st, received)
+    core.advance(ctx, b, st)

@@ -1,0 +1,130 @@
+"""Limits: permits owned by the limit's entity ``~limit/...`` (docs/remote-steps.md, 4).
+
+A run asks (`request`, sending Acquire); the entity grants at once, queues or refuses
+(`acquire`, `_give`); a permit comes back on Release (`release`) and the next waiting
+request is granted (`grant_waiting`, also on the entity's timer for a rate limit); the
+run takes the answer (`grant`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from runstream.engine import payload
+from runstream.engine.rules import core
+from runstream.engine.rules.context import Rejected, Rules
+from runstream.engine.state import LimitState, RunState
+from runstream.engine.work import Batch
+from runstream.engine.workflow import WorkflowDef
+from runstream.errors import QUEUE_FULL, Failure
+from runstream.schemas.records import (
+    RUN_PERMIT_SEQ,
+    Acquire,
+    Grant,
+    LimitSet,
+    PermitGranted,
+    PermitQueued,
+    PermitReceived,
+    PermitReleased,
+    PermitRequested,
+    Reason,
+    Release,
+    RunFailed,
+    limit_id,
+)
+
+
+def run_permit(wf: WorkflowDef, run_id: str, data: bytes) -> Acquire | None:
+    """The permit a run of ``wf`` needs before it runs (its ``concurrency_key``)."""
+    if wf.concurrency_key is None:
+        return None
+    try:
+        key = wf.concurrency_key(wf.parse_input(payload.loads(data)))
+    except Exception as exc:
+        raise Rejected(
+            Reason.INVALID_INPUT,
+            f"the concurrency_key of workflow {wf.name!r} failed on this input: {exc!r}",
+        ) from exc
+    ent = limit_id(wf.name, str(key))
+    return Acquire(ent, run_id, RUN_PERMIT_SEQ, concurrency=wf.limit, max_queued=wf.max_queued)
+
+
+# -- the run's side ---------------------------------------------------------------------
+def request(b: Batch, st: RunState, ask: Acquire) -> None:
+    """Ask the limit for a permit; the run waits at ``ask.seq`` for the Grant."""
+    core.emit(b, st, PermitRequested(st.run_id, b.now, ask.seq, ask.run_id, ask.attempt))
+    b.effects.commands.append(replace(ask, sent_at_ms=b.now))
+
+
+def grant(ctx: Rules, b: Batch, st: RunState, cmd: Grant) -> None:
+    """A limit's answer. A permit nobody waits for any more (the run ended, or it
+    compensates) goes straight back."""
+    asked = st.pending.get(cmd.seq)
+    if not (
+        isinstance(asked, PermitRequested)
+        and asked.limit == cmd.limit
+        and (st.compensation is None or cmd.seq < 0)
+    ):
+        if cmd.granted:
+            b.effects.commands.append(Release(cmd.limit, st.run_id, cmd.seq, b.now))
+        return
+    received = PermitReceived(
+        st.run_id, b.now, cmd.seq, cmd.limit, asked.attempt, cmd.granted, cmd.reason
+    )
+    core.emit(b, st, received)
+    if not cmd.granted:  # only a run's own permit is ever refused (max_queued)
+        failed = RunFailed(st.run_id, b.now, QUEUE_FULL + cmd.reason, "", Failure.QUEUE_FULL)
+        core.emit(b, st, failed)
+        return
+    core.advance(ctx, b, st)
+
+
+def give_back(b: Batch, st: RunState, seq: int) -> None:
+    """The attempt at ``seq`` ends: its permit, if it had one, goes back."""
+    limit = st.permits.get(seq)
+    if limit is not None:
+        b.effects.commands.append(Release(limit, st.run_id, seq, b.now))
+
+
+# -- the limit entity's side ------------------------------------------------------------
+def acquire(ctx: Rules, b: Batch, ent: LimitState, cmd: Acquire) -> None:
+    """A limit entity is asked for a permit: grant it now if the limit allows and
+    nobody waits, else queue it (or refuse it, past ``max_queued``)."""
+    if ent.asked(cmd.holder, cmd.seq):
+        return  # asked twice (a redone transaction's command): once counts
+    lim = ent.limit
+    settings = (cmd.concurrency, cmd.rate, cmd.burst, cmd.max_queued)
+    if lim is None or (lim.concurrency, lim.rate, lim.burst, lim.max_queued) != settings:
+        core.emit(b, ent, LimitSet(ent.run_id, b.now, *settings))
+    if not ent.queue and ent.can_grant(b.now):
+        _give(b, ent, cmd.holder, cmd.seq, cmd.fairness)
+        return
+    if cmd.max_queued is not None and len(ent.queue) >= cmd.max_queued:
+        reason = (
+            f"{len(ent.queue)} runs wait for {ent.run_id} already (max_queued={cmd.max_queued})"
+        )
+        b.effects.commands.append(Grant(cmd.holder, cmd.seq, ent.run_id, False, reason, b.now))
+        return
+    queued = PermitQueued(ent.run_id, b.now, cmd.holder, cmd.seq, cmd.priority, cmd.fairness)
+    core.emit(b, ent, queued)
+
+
+def release(ctx: Rules, b: Batch, ent: LimitState, cmd: Release) -> None:
+    """A permit comes back (or a waiting request is withdrawn): grant the next."""
+    if ent.asked(cmd.holder, cmd.seq):
+        core.emit(b, ent, PermitReleased(ent.run_id, b.now, cmd.holder, cmd.seq))
+        grant_waiting(b, ent)
+
+
+def grant_waiting(b: Batch, ent: LimitState) -> None:
+    """Grant waiting requests while the limit allows: the highest priority first,
+    then the fairness key served longest ago, then the earliest request."""
+    while ent.queue and ent.can_grant(b.now):
+        top = max(q.priority for q in ent.queue)
+        waiting = [(ent.served.get(q.fairness, -1), i, q) for i, q in enumerate(ent.queue)]
+        _, _, q = min(w for w in waiting if w[2].priority == top)
+        _give(b, ent, q.holder, q.seq, q.fairness)
+
+
+def _give(b: Batch, ent: LimitState, holder: str, seq: int, fairness: str) -> None:
+    core.emit(b, ent, PermitGranted(ent.run_id, b.now, holder, seq, fairness))
+    b.effects.commands.append(Grant(holder, seq, ent.run_id, True, "", b.now))
