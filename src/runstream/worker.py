@@ -81,6 +81,11 @@ class Worker:
         self._budget = ActivationBudget(s.activation_budget, on_stuck=self._stuck)
         self._files = InstanceFiles(self.state_dir, self.instance_id)
         self._parked = StuckRuns(self._files)
+        # Partitions of a batch whose commit aborted, until a commit that sent offsets (so
+        # the group's generation was still ours) succeeds: an instance that was frozen may
+        # wake up a zombie whose partitions another owner took, ran and committed, so no
+        # step of theirs may run ahead of its commit (`runtime.steps.chain`) meanwhile.
+        self._suspect: set[int] = set()
 
     # -- lifecycle -------------------------------------------------------------------
     def stop(self) -> None:
@@ -242,7 +247,7 @@ class Worker:
             for item in items:
                 if item.partition in self._owned:
                     run_id = decider.handle(b, item)
-                    if run_id and not self._owned.fresh(item):
+                    if run_id and (not self._owned.fresh(item) or item.partition in self._suspect):
                         careful.add(run_id)
             if self.settings.chain_budget and not (self._stopping.is_set() or self._owned.leaving):
                 chain(
@@ -285,6 +290,7 @@ class Worker:
         """Drop the batch: its commands are read again, its internal work is requeued, and
         what its chain ran is kept for when the redone batch schedules it again."""
         self.stats["aborted"] += 1
+        self._suspect.update(w.partition for w in b.runs.values())
         if self._decider is not None:
             self._decider.forget(b.runs)
         for p, (first, _) in b.consumed.items():
@@ -296,6 +302,8 @@ class Worker:
     def _apply(self, b: Batch, written: Committed, started: dict[Attempt, StepJob]) -> None:
         """After the commit: count it, project the facts, arm timers, start the steps."""
         self.stats["transactions"] += 1
+        if b.consumed:  # its offsets were taken: the group's generation is ours
+            self._suspect.clear()
         self.stats["commands"] += sum(last - first + 1 for first, last in b.consumed.values())
         self.stats["facts"] += len(b.effects.facts)
         for p, before, after in self._owned.project(b, written):

@@ -53,6 +53,18 @@ def make_app(ns: str, bodies: Counter[str], gate: threading.Event | None = None)
     async def gated(ctx: runstream.Context, x: int) -> int:
         return await ctx.step(slow, x)
 
+    @app.step
+    def dawdle(x: int) -> int:
+        bodies[f"dawdle {x}"] += 1
+        time.sleep(0.3)
+        return x
+
+    @app.workflow
+    async def dawdles(ctx: runstream.Context, x: int) -> int:
+        x = await ctx.step(dawdle, x)
+        x = await ctx.step(add_one, x)
+        return await ctx.step(add_one, x)
+
     @app.workflow
     async def nap(ctx: runstream.Context) -> str:
         await ctx.sleep(3600)
@@ -379,4 +391,30 @@ def test_a_step_still_running_when_its_chain_aborts_runs_once(tmp_path, ns):
     assert ended(cluster, ns) == {"g": 7}
     assert bodies == {"slow 7": 1}
     assert check_run(facts(cluster, ns, "g"), expect_finished=True) == []
+    rig.close()
+
+
+def test_after_an_aborted_commit_no_step_runs_ahead_of_the_next_commit(tmp_path, ns):
+    """A commit aborted (an instance SIGSTOPped past its session wakes up with its
+    transaction aborted and its partitions perhaps taken by another owner, which may have run
+    and committed the run's next steps). Until one of its commits succeeds again, the
+    instance starts no step before its start is committed: a zombie's commits fail, so it
+    runs no new body. (Found by the chaos suite: a woken instance ran a step that another
+    owner had committed half a second before.)"""
+    cluster, bodies = Cluster(), Counter[str]()
+    rig = Rig(make_app(ns, bodies), cluster, tmp_path, chain_budget=0.05)
+    rig.log.assign([0, 1, 2, 3])
+    rig.until(lambda: len(rig.worker._owned) == 4)  # restored: commands from now on are fresh
+    start(cluster, ns, "z", "dawdles", 1)  # its slow step outlasts the first chain's budget
+    rig.log.fail("send_offsets_to_transaction", ABORTABLE, times=10_000)  # a zombie, fenced
+    rig.until(lambda: rig.log.aborts >= 1)
+    deadline = time.monotonic() + 1.0  # the slow step's outcome comes back meanwhile
+    while time.monotonic() < deadline:
+        rig.turn()
+    assert bodies == {"dawdle 1": 1}  # its outcome started no body ahead of a commit
+    rig.log._faults.clear()  # the instance is the owner again (it rejoined the group)
+    rig.until(lambda: "z" in ended(cluster, ns))
+    assert ended(cluster, ns) == {"z": 3}
+    assert set(bodies.values()) == {1}
+    assert check_run(facts(cluster, ns, "z"), expect_finished=True) == []
     rig.close()
