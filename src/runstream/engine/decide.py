@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from runstream.engine.limits import Limits
 from runstream.engine.partitioner import partition_for
 from runstream.engine.reducer import apply
-from runstream.engine.rules import Activation, Rejected, Rules
+from runstream.engine.rules import Activation, Rejected, Rules, tell_refused_parent
 from runstream.engine.state import RunState
 from runstream.engine.work import (
     Batch,
@@ -216,6 +216,7 @@ class Decider:
             if isinstance(cmd, StartRun) and not st.exists:
                 rejected = RunRejected(run_id, b.now, cmd.workflow[:1024], exc.code, exc.reason)
                 self.rules.emit(b, st, rejected)
+                tell_refused_parent(b, cmd, self.limits.clip(f"{exc.code}: {exc.reason}"))
         except Exception as exc:  # a bug must not block the partition: set the cause aside
             log.exception("decision failed for run %s", run_id)
             self._undo(b, run_id, mark)

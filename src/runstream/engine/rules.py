@@ -151,6 +151,10 @@ class Rules:
         """StartRun: idempotent by run id. With ``signal`` (signal-with-start), the signal
         is delivered whether this starts the run or it exists already, once per id."""
         if st.exists:
+            if (cmd.parent_run_id, cmd.parent_seq) != (st.parent_run_id, st.parent_seq):
+                # A child whose id another run has: its parent must hear of it now.
+                why = f"run id {st.run_id!r} is taken by another run"
+                tell_refused_parent(b, cmd, f"{Reason.BAD_RUN_ID}: {why}")
             if cmd.signal is not None:
                 self.signal(b, st, self._start_signal(st, cmd))
             return
@@ -1215,6 +1219,18 @@ class Rules:
             why = f"its parent {st.run_id!r} ended ({st.status.value}) first"
             compensate = child.parent_close == "request_cancel"
             b.effects.commands.append(Cancel(child.child_run_id, compensate, why, b.now, False))
+
+
+def tell_refused_parent(b: Batch, cmd: StartRun, reason: str) -> None:
+    """A child's start was refused here: its awaiting parent hears of it in the same
+    transaction (as ChildFailed, status ``rejected``), else it would wait for ever."""
+    if cmd.parent_run_id and cmd.parent_seq is not None:
+        b.effects.commands.append(
+            ChildResult(
+                cmd.parent_run_id, cmd.parent_seq, cmd.run_id, Status.REJECTED.value, None,
+                reason, b.now,
+            )
+        )  # fmt: skip
 
 
 def _child_ids(st: RunState) -> list[str]:
