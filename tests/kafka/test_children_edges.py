@@ -10,7 +10,7 @@ from runstream.audit.reader import audit
 from runstream.errors import ChildFailed
 from runstream.topics.admin import ensure_topics
 
-from .kit import PARTITIONS, ThreadWorker, read_topic
+from .kit import PARTITIONS, ThreadWorker, read_topic, wait_for
 
 pytestmark = [pytest.mark.kafka]
 
@@ -43,3 +43,39 @@ def test_a_child_whose_concurrency_key_fails_makes_its_parent_catch_child_failed
     journal = read_topic(kafka_bootstrap, f"{ns}.journal", timeout=30)
     assert [n for n, r, _ in journal if r["run_id"] == "co/1"] == ["RunRejected"]
     assert audit(kafka_bootstrap, ns, expect_finished=True).violations == []
+
+
+def test_cancelling_a_parent_cancels_its_child_that_continued_as_new(kafka_bootstrap, ns, tmp_path):
+    app = runstream.App(ns, kafka_bootstrap)
+
+    @app.workflow
+    async def looper(ctx: runstream.Context, n: int) -> str:
+        if n > 0:
+            ctx.continue_as_new(n - 1)
+        return await ctx.wait_for_signal("go")
+
+    @app.workflow
+    async def holder(ctx: runstream.Context, n: int) -> str:
+        return await ctx.child(looper, n)
+
+    ensure_topics(kafka_bootstrap, ns, PARTITIONS)
+    worker = ThreadWorker(app, tmp_path / "state")
+    try:
+        with runstream.Client(ns, kafka_bootstrap) as client:
+            client.start(holder, 2, run_id="h")
+            wait_for(lambda: _status(client, "h/1~2") == "running", what="the child's 2nd run")
+            client.cancel("h")
+            with pytest.raises(runstream.RunCancelled):
+                client.result("h", timeout=60)
+            with pytest.raises(runstream.RunCancelled):
+                client.result("h/1", timeout=60)  # follows the chain to h/1~2
+    finally:
+        worker.stop()
+    assert audit(kafka_bootstrap, ns, expect_finished=True).violations == []
+
+
+def _status(client: runstream.Client, run_id: str) -> str | None:
+    try:
+        return client.get_run(run_id).status
+    except runstream.RunNotFound:
+        return None

@@ -103,6 +103,7 @@ from runstream.schemas.records import (
     TimerFired,
     TimerScheduled,
     continuation_of,
+    continues,
     correlation_id,
     limit_id,
     run_id_problem,
@@ -256,6 +257,9 @@ class Rules:
         then every completed step's compensation runs, newest first."""
         if not st.exists:
             raise Rejected(Reason.UNKNOWN_RUN, f"cancel of unknown run {st.run_id!r}")
+        if st.continued_as:  # it carries on as another run: the cancel is for that one
+            b.effects.commands.append(replace(cmd, run_id=st.continued_as))
+            return
         if st.terminal or st.compensation is not None:
             return
         reason = self.limits.clip(cmd.reason or "cancelled")
@@ -492,9 +496,12 @@ class Rules:
     def child_result(self, b: Batch, st: RunState, cmd: ChildResult) -> None:
         """An awaited child ended: settle the parent's seq and go on."""
         started = st.pending.get(cmd.seq)
-        if not (isinstance(started, ChildStarted) and started.child_run_id == cmd.child_run_id):
+        # A child that continued as new answers under its new id (``<child>~<n>``).
+        if not (
+            isinstance(started, ChildStarted) and continues(cmd.child_run_id, started.child_run_id)
+        ):
             told = st.resolved.get(cmd.seq)
-            again = isinstance(told, ChildEnded) and told.child_run_id == cmd.child_run_id
+            again = isinstance(told, ChildEnded) and continues(cmd.child_run_id, told.child_run_id)
             if st.terminal or again:
                 return  # the parent ended first, or it was told already
             raise Rejected(
@@ -502,7 +509,7 @@ class Rules:
                 f"run {st.run_id!r} awaits no child {cmd.child_run_id!r} at seq {cmd.seq}",
             )
         ended = ChildEnded(
-            st.run_id, b.now, cmd.seq, started.name, cmd.child_run_id, cmd.status, cmd.output,
+            st.run_id, b.now, cmd.seq, started.name, started.child_run_id, cmd.status, cmd.output,
             cmd.error,
         )  # fmt: skip
         self.emit(b, st, ended)

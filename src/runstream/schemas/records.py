@@ -142,6 +142,12 @@ def continuation_of(run_id: str) -> str:
     return f"{base}~{n + 1}"
 
 
+def continues(run_id: str, origin: str) -> bool:
+    """``run_id`` is ``origin`` or one of its continuations (``origin~<n>``)."""
+    rest = run_id.removeprefix(f"{origin}~")
+    return run_id == origin or (rest != run_id and rest.isdigit())
+
+
 class Record:
     """Base of every record type: ``AVRO`` is the short name of its schema."""
 
