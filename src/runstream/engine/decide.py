@@ -3,7 +3,8 @@
 Each consumed record is checked in this order, and the first problem decides:
 
 1. it decodes (else ``undecodable``) into a command (else ``not-a-command``);
-2. its run id is usable (else ``bad-run-id``);
+2. its run id is usable, and of the kind its command is for: a run's, a limit's, an
+   event entity's or a schedule's (else ``bad-run-id``);
 3. it arrived on the partition its run id hashes to (else it is forwarded there);
 4. it fits the size limit (else ``oversize``; a start is also recorded as rejected);
 5. its rule accepts it (else the rule's reason: ``unknown-workflow``, ``invalid-input``,
@@ -42,6 +43,10 @@ from runstream.engine.workflow import Registry
 from runstream.errors import DecodeError
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
+    ENTITY_PREFIX,
+    EVENT_PREFIX,
+    LIMIT_PREFIX,
+    SCHEDULE_PREFIX,
     Acquire,
     Cancel,
     ChildResult,
@@ -61,6 +66,7 @@ from runstream.schemas.records import (
     StartRun,
     StepResult,
     Subscribe,
+    correlation_id,
     redrives_of,
     run_id_problem,
 )
@@ -132,6 +138,7 @@ class Decider:
         start = isinstance(cmd, StartRun)
         continued_from = cmd.continued_from if isinstance(cmd, StartRun) else None
         problem = run_id_problem(run_id, new=start, continued_from=continued_from)
+        problem = problem or id_kind_problem(cmd)
         if problem:
             self._dead_letter(b, rec, Reason.BAD_RUN_ID, problem)
             return None
@@ -255,6 +262,31 @@ class Decider:
         else:
             letter = dead_letter(rec, code, reason, self.limits, b.now, run_id)
         b.effects.dead_letters.append(letter)
+
+
+#: The entity each internal command is for, by its id's prefix.
+_ENTITY_OF: dict[type, str] = {
+    Acquire: LIMIT_PREFIX,
+    Release: LIMIT_PREFIX,
+    PublishEvent: EVENT_PREFIX,
+    Subscribe: EVENT_PREFIX,
+    ScheduleCommand: SCHEDULE_PREFIX,
+}
+
+
+def id_kind_problem(cmd: Command) -> str | None:
+    """Why ``cmd`` may not go to the id it names: each command kind takes only its own
+    kind of id (an Acquire keyed by a run would write limit facts into that run's
+    journal). A Query may ask about any id: it only reads."""
+    run_id, prefix = cmd.run_id, _ENTITY_OF.get(type(cmd))
+    if isinstance(cmd, PublishEvent | Subscribe) and run_id != correlation_id(cmd.name, cmd.key):
+        what = f"a {cmd.AVRO} of event {cmd.name!r} (key {cmd.key!r})"
+        return f"{what} is keyed {run_id!r}, not by its correlation id"
+    if prefix is not None and not run_id.startswith(prefix):
+        return f"a {cmd.AVRO} is for an entity {prefix}..., not {run_id!r}"
+    if prefix is None and not isinstance(cmd, Query) and run_id.startswith(ENTITY_PREFIX):
+        return f"a {cmd.AVRO} is for a run, and {run_id!r} names an engine entity"
+    return None
 
 
 def dead_letter(

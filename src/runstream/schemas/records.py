@@ -105,24 +105,39 @@ def run_id_problem(
 ENTITY_PREFIX = "~"
 
 
+#: The id prefixes of the engine's entities, one per kind (`entity_id`).
+EVENT_PREFIX = f"{ENTITY_PREFIX}event/"
+LIMIT_PREFIX = f"{ENTITY_PREFIX}limit/"
+SCHEDULE_PREFIX = f"{ENTITY_PREFIX}schedule/"
+
+
+def entity_id(prefix: str, *parts: str, hashed: str) -> str:
+    """``prefix`` and ``parts`` joined by ``/``, unambiguously: if a part holds a ``/``,
+    each part is escaped (``%`` and ``/``) and ``//`` marks the id, whose slashes then
+    outnumber those of any id of unescaped parts; ids of parts without ``/`` stay as
+    they always were. An id too long for a key (or with a NUL) is a hash: of ``hashed``
+    (the text hashed before ids were escaped), or of the escaped id."""
+    escaped = any("/" in p for p in parts)
+    if escaped:
+        ent = f"{prefix}//" + "/".join(p.replace("%", "%25").replace("/", "%2F") for p in parts)
+    else:
+        ent = prefix + "/".join(parts)
+    if len(ent.encode()) <= MAX_RUN_ID_BYTES and "\x00" not in ent:
+        return ent
+    return prefix + hashlib.sha256((ent if escaped else hashed).encode()).hexdigest()
+
+
 def correlation_id(name: str, key: str) -> str:
     """The id of the entity that matches events ``name`` with correlation ``key`` to the
-    runs waiting for them: its partition owns both (a hash stands in for a long pair)."""
-    corr = f"{ENTITY_PREFIX}event/{name}/{key}"
-    if len(corr.encode()) <= MAX_RUN_ID_BYTES and "\x00" not in corr:
-        return corr
-    digest = hashlib.sha256(f"{name}\x00{key}".encode()).hexdigest()
-    return f"{ENTITY_PREFIX}event/{digest}"
+    runs waiting for them: its partition owns both."""
+    return entity_id(EVENT_PREFIX, name, key, hashed=f"{name}\x00{key}")
 
 
 def limit_id(name: str, key: str | None = None) -> str:
     """The id of the entity that keeps limit ``name`` (a step queue), or the concurrency
     limit of workflow ``name`` for one ``key``: its partition owns the permits."""
-    ent = f"{ENTITY_PREFIX}limit/{name}" + ("" if key is None else f"/{key}")
-    if len(ent.encode()) <= MAX_RUN_ID_BYTES and "\x00" not in ent:
-        return ent
-    digest = hashlib.sha256(f"{name}\x00{key}".encode()).hexdigest()
-    return f"{ENTITY_PREFIX}limit/{digest}"
+    parts = (name,) if key is None else (name, key)
+    return entity_id(LIMIT_PREFIX, *parts, hashed=f"{name}\x00{key}")
 
 
 #: The seq of a run's own permit (its workflow's concurrency_key), below any step's.
@@ -131,7 +146,7 @@ RUN_PERMIT_SEQ = -(1 << 31) + 2
 
 def schedule_id(name: str) -> str:
     """The id of the entity that keeps schedule ``name`` (`ScheduleCommand`)."""
-    return f"{ENTITY_PREFIX}schedule/{name}"
+    return f"{SCHEDULE_PREFIX}{name}"
 
 
 def continuation_of(run_id: str) -> str:
