@@ -7,6 +7,7 @@ import pytest
 
 from runstream.engine.workflow import Registry, workflow_def
 from runstream.schemas.records import (
+    RUN_PERMIT_SEQ,
     Acquire,
     Cancel,
     Grant,
@@ -107,3 +108,42 @@ def test_ids_whose_parts_have_no_slash_stay_as_they_were():
     assert limit_id("db") == "~limit/db"
     assert limit_id("checkout", "ada") == "~limit/checkout/ada"
     assert limit_id("n", "x" * 300).startswith("~limit/") and len(limit_id("n", "x" * 300)) == 71
+
+
+async def keyed(ctx, order: dict) -> str:
+    return await ctx.wait_for_signal("go")
+
+
+def test_a_forged_release_frees_no_permit_and_withdraws_no_request():
+    reg = Registry()
+    reg.add_workflow(workflow_def(keyed, concurrency_key=lambda order: order["customer"]))
+    core = Core(reg)
+    limit = limit_id("keyed", "ann")
+
+    def pump() -> None:
+        while core.commands:
+            core.command(core.commands.pop(0))
+
+    core.start("a", "keyed", {"customer": "ann"})
+    pump()
+    core.start("b", "keyed", {"customer": "ann"})
+    pump()
+    assert core.state(limit).queue[0].holder == "b"  # a holds the only permit
+    core.command(Release(limit, "a", RUN_PERMIT_SEQ))  # by someone who is not a
+    core.command(Release(limit, "b", RUN_PERMIT_SEQ))  # nor b
+    pump()
+    ent = core.state(limit)
+    assert list(ent.held) == [("a", RUN_PERMIT_SEQ)] and [q.holder for q in ent.queue] == ["b"]
+    core.signal("a", "go", 1)  # a ends: its own release frees the permit for b
+    pump()
+    assert list(core.state(limit).held) == [("b", RUN_PERMIT_SEQ)]
+    assert "PermitReceived" in core.names("b")
+
+
+def test_a_permit_asked_before_request_ids_existed_is_still_released():
+    core = _core()
+    limit = limit_id("q")
+    core.command(Acquire(limit, "old", 5, concurrency=1))  # as an older engine sent it
+    core.command(Acquire(limit, "new", 6, concurrency=1))
+    core.command(Release(limit, "old", 5))  # its release names no request either
+    assert list(core.state(limit).held) == [("new", 6)]

@@ -587,8 +587,11 @@ class Rules:
     # -- limits: permits owned by the limit's entity (docs/remote-steps.md, 4) ------------
     def _request(self, b: Batch, st: RunState, ask: Acquire) -> None:
         """Ask the limit for a permit; the run waits at ``ask.seq`` for the Grant."""
-        self.emit(b, st, PermitRequested(st.run_id, b.now, ask.seq, ask.run_id, ask.attempt))
-        b.effects.commands.append(replace(ask, sent_at_ms=b.now))
+        # Its id names it apart from every other request (the Release must name it).
+        request_id = f"{ask.seq}.{ask.attempt}.{b.now:x}"
+        asked = PermitRequested(st.run_id, b.now, ask.seq, ask.run_id, ask.attempt, request_id)
+        self.emit(b, st, asked)
+        b.effects.commands.append(replace(ask, sent_at_ms=b.now, request_id=request_id))
 
     def grant(self, b: Batch, st: RunState, cmd: Grant) -> None:
         """A limit's answer. A permit nobody waits for any more (the run ended, or it
@@ -600,7 +603,10 @@ class Rules:
             and (st.compensation is None or cmd.seq < 0)
         ):
             if cmd.granted:
-                b.effects.commands.append(Release(cmd.limit, st.run_id, cmd.seq, b.now))
+                mine = st.permits.get(cmd.seq)
+                request_id = mine.request_id if mine and mine.limit == cmd.limit else ""
+                release = Release(cmd.limit, st.run_id, cmd.seq, b.now, request_id)
+                b.effects.commands.append(release)
             return
         received = PermitReceived(
             st.run_id, b.now, cmd.seq, cmd.limit, asked.attempt, cmd.granted, cmd.reason
@@ -621,7 +627,7 @@ class Rules:
         if lim is None or (lim.concurrency, lim.rate, lim.burst, lim.max_queued) != settings:
             self.emit(b, ent, LimitSet(ent.run_id, b.now, *settings))
         if not ent.queue and ent.can_grant(b.now):
-            self._give(b, ent, cmd.holder, cmd.seq, cmd.fairness)
+            self._give(b, ent, cmd.holder, cmd.seq, cmd.fairness, cmd.request_id)
             return
         if cmd.max_queued is not None and len(ent.queue) >= cmd.max_queued:
             reason = (
@@ -629,12 +635,16 @@ class Rules:
             )
             b.effects.commands.append(Grant(cmd.holder, cmd.seq, ent.run_id, False, reason, b.now))
             return
-        queued = PermitQueued(ent.run_id, b.now, cmd.holder, cmd.seq, cmd.priority, cmd.fairness)
+        queued = PermitQueued(
+            ent.run_id, b.now, cmd.holder, cmd.seq, cmd.priority, cmd.fairness, cmd.request_id
+        )
         self.emit(b, ent, queued)
 
     def release(self, b: Batch, ent: RunState, cmd: Release) -> None:
-        """A permit comes back (or a waiting request is withdrawn): grant the next."""
-        if ent.asked(cmd.holder, cmd.seq):
+        """A permit comes back (or a waiting request is withdrawn): grant the next. Only
+        a Release naming the request's id (from the holder's Acquire) counts: one by
+        anybody else frees nothing."""
+        if ent.request_of(cmd.holder, cmd.seq) == cmd.request_id:
             self.emit(b, ent, PermitReleased(ent.run_id, b.now, cmd.holder, cmd.seq))
             self._grant_waiting(b, ent)
 
@@ -645,18 +655,21 @@ class Rules:
             top = max(q.priority for q in ent.queue)
             waiting = [(ent.served.get(q.fairness, -1), i, q) for i, q in enumerate(ent.queue)]
             _, _, q = min(w for w in waiting if w[2].priority == top)
-            self._give(b, ent, q.holder, q.seq, q.fairness)
+            self._give(b, ent, q.holder, q.seq, q.fairness, q.request_id)
 
-    def _give(self, b: Batch, ent: RunState, holder: str, seq: int, fairness: str) -> None:
-        self.emit(b, ent, PermitGranted(ent.run_id, b.now, holder, seq, fairness))
+    def _give(
+        self, b: Batch, ent: RunState, holder: str, seq: int, fairness: str, request_id: str
+    ) -> None:
+        self.emit(b, ent, PermitGranted(ent.run_id, b.now, holder, seq, fairness, request_id))
         b.effects.commands.append(Grant(holder, seq, ent.run_id, True, "", b.now))
 
     @staticmethod
     def _give_back(b: Batch, st: RunState, seq: int) -> None:
         """The attempt at ``seq`` ends: its permit, if it had one, goes back."""
-        limit = st.permits.get(seq)
-        if limit is not None:
-            b.effects.commands.append(Release(limit, st.run_id, seq, b.now))
+        asked = st.permits.get(seq)
+        if asked is not None:
+            release = Release(asked.limit, st.run_id, seq, b.now, asked.request_id)
+            b.effects.commands.append(release)
 
     def query(self, b: Batch, st: RunState, cmd: Query) -> None:
         """Answer now, or (``wait``) once the run ends: the shell keeps the question."""
@@ -1193,8 +1206,9 @@ class Rules:
         if ev is not None:
             b.effects.lifecycle.append(ev)
         if ending:
-            for seq, limit in permits.items():  # the run's permits and requests go back
-                b.effects.commands.append(Release(limit, st.run_id, seq, b.now))
+            for seq, asked in permits.items():  # the run's permits and requests go back
+                release = Release(asked.limit, st.run_id, seq, b.now, asked.request_id)
+                b.effects.commands.append(release)
             Rules._ended(b, st, fact, children)
 
     @staticmethod

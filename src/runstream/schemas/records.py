@@ -315,6 +315,7 @@ class Acquire(Record):
     burst: int = 1
     max_queued: int | None = None
     sent_at_ms: int = 0
+    request_id: str = ""  # the holder's id of this request: its Release names it
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +334,7 @@ class Release(Record):
     holder: str
     seq: int
     sent_at_ms: int = 0
+    request_id: str = ""  # the request whose permit goes back (forged: frees nothing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -716,6 +718,7 @@ class PermitQueued(Record):
     seq: int
     priority: int = 0
     fairness: str = ""
+    request_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -725,6 +728,7 @@ class PermitGranted(Record):
     holder: str
     seq: int
     fairness: str = ""
+    request_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -742,6 +746,7 @@ class PermitRequested(Record):
     seq: int
     limit: str
     attempt: int = 1
+    request_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
