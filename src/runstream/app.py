@@ -146,7 +146,7 @@ class App:
         """Declare a step's retry policy: ``retries`` more attempts with exponential
         ``backoff`` seconds; ``non_retryable`` exception types fail the run's step at once;
         ``timeout`` (seconds or ``"30s"``) fails an attempt that runs longer (then retried
-        like any failure; see `engine.steps` for what happens to a sync step's thread).
+        like any failure; see `runtime.steps` for what happens to a sync step's thread).
         Undecorated functions are steps too, with the defaults.
 
         ``group``: a remote step, run by the task workers serving that group

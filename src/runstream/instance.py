@@ -3,7 +3,7 @@
 - ``health.json``: what the instance is doing (connecting, restoring, running, draining,
   stopped), its pid and partitions; `runstream workers` reads it.
 - ``stuck-runs.json``: runs whose workflow code blocked in a call that could not be
-  interrupted (see `engine.budget`); the restarted instance parks them first.
+  interrupted (see `runtime.budget`); the restarted instance parks them first.
 """
 
 from __future__ import annotations

@@ -118,7 +118,7 @@ class Partitions:
 
     def fresh(self, item: Work) -> bool:
         """Work no former process of this partition can have seen: its steps may run
-        before their start is committed (`engine.steps.chain`)."""
+        before their start is committed (`runtime.steps.chain`)."""
         if isinstance(item, LogRecord):
             return item.offset >= self._owned[item.partition].fresh_from
         return isinstance(item, StepOutcome) and not item.isolated

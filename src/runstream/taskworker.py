@@ -46,10 +46,11 @@ from pydantic import TypeAdapter, ValidationError
 from runstream.engine import payload
 from runstream.engine.decide import dead_letter
 from runstream.engine.partitioner import partition_for
-from runstream.engine.steps import StepContext, execute
+from runstream.engine.steps import StepContext
 from runstream.engine.work import LogRecord, StepJob, StepOutcome
 from runstream.engine.workflow import StepDef, type_hints
 from runstream.errors import ConfigError
+from runstream.runtime.steps import execute
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
     Heartbeat,

@@ -37,8 +37,6 @@ from runstream.engine import payload
 from runstream.engine.decide import Decider
 from runstream.engine.replay import Replayer
 from runstream.engine.state import RunState, Status
-from runstream.engine.steps import execute
-from runstream.engine.timers import TimerQueue
 from runstream.engine.work import Batch, LogRecord, StepJob, StepOutcome, Work
 from runstream.engine.workflow import seconds, step_def
 from runstream.errors import (
@@ -48,6 +46,8 @@ from runstream.errors import (
     RunstreamError,
     run_failed,
 )
+from runstream.runtime.steps import execute
+from runstream.runtime.timers import TimerQueue
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
     Cancel,

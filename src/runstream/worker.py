@@ -10,7 +10,7 @@ leaves the projection behind the journal, and restore catches it up.
 
 This module keeps partition ownership and the loop; Kafka is behind `topics.base.EngineLog`
 and the transaction in `topics.outbox`, the rules are in `engine`, internal work waits in
-`engine.inbox`, step bodies run in `engine.steps`.
+`runtime.inbox`, step bodies run in `runtime.steps`.
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from runstream.engine.budget import ActivationBudget
 from runstream.engine.decide import Decider
-from runstream.engine.inbox import Inbox
 from runstream.engine.replay import Overrun
-from runstream.engine.steps import StepRunner, chain
 from runstream.engine.waiters import Waiters
 from runstream.engine.work import Attempt, Batch, HandOver, LogRecord, StepJob, StepOutcome, Work
 from runstream.instance import InstanceFiles, StuckRuns
 from runstream.ownership import Partitions
+from runstream.runtime.budget import ActivationBudget
+from runstream.runtime.inbox import Inbox
+from runstream.runtime.steps import StepRunner, chain
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import StepHandedOver
 from runstream.settings import Settings

@@ -3,7 +3,7 @@
 It plays the shell's part around the real `Decider`: commands go in as records on
 partition 0 (encoded as any producer would), each decision's working copies become the
 committed states (every "transaction" commits), step bodies run at once through the
-real `engine.steps.execute`, timers fire on a fake clock, and every fact is kept in one
+real `runtime.steps.execute`, timers fire on a fake clock, and every fact is kept in one
 list so tests can check the journal.
 """
 
@@ -16,7 +16,6 @@ from runstream.engine.decide import Decider
 from runstream.engine.limits import Limits
 from runstream.engine.reducer import fold
 from runstream.engine.state import RunState
-from runstream.engine.steps import execute
 from runstream.engine.work import (
     Batch,
     HandOver,
@@ -28,6 +27,7 @@ from runstream.engine.work import (
     Work,
 )
 from runstream.engine.workflow import Registry
+from runstream.runtime.steps import execute
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
     Cancel,

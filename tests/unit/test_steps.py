@@ -1,4 +1,4 @@
-"""Step bodies: one attempt (`engine.steps.execute`) and the pool (`StepRunner`)."""
+"""Step bodies: one attempt (`runtime.steps.execute`) and the pool (`StepRunner`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import time
 import pytest
 
 from runstream.engine import payload
-from runstream.engine.steps import StepRunner, execute
 from runstream.engine.work import StepJob, StepOutcome
 from runstream.engine.workflow import StepPolicy, step_def
+from runstream.runtime.steps import StepRunner, execute
 
 
 def job(fn, *args, isolated: bool = False, seq: int = 1, **policy) -> StepJob:

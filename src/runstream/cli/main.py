@@ -6,7 +6,6 @@ stderr, and the command exits 1; ``-v`` adds the traceback and librdkafka's own 
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
@@ -77,16 +76,6 @@ cli.add_command(tasks)
 tasks.add_command(tasks_status)
 
 
-def load_app(target: str) -> Any:
-    """'package.module:app' -> the App object (the current directory is importable)."""
-    module_name, _, attr = target.partition(":")
-    if not module_name:
-        raise click.BadParameter("use MODULE:APP, e.g. shop.workflows:app")
-    sys.path.insert(0, str(Path.cwd()))
-    module = importlib.import_module(module_name)
-    return getattr(module, attr or "app")
-
-
 @cli.command()
 @click.argument("target")
 @options.engine_options
@@ -112,7 +101,7 @@ def worker(target: str, supervise: bool, **values: Any) -> None:
         )
     from runstream.worker import Worker
 
-    Worker(load_app(target), settings).run()
+    Worker(options.load_app(target), settings).run()
 
 
 @cli.command()

@@ -1,7 +1,9 @@
-"""Options every command shares, declared once, and the settings they build."""
+"""Options every command shares, declared once, the settings they build and the App they load."""
 
 from __future__ import annotations
 
+import importlib
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -101,3 +103,13 @@ def read_topic(settings: Settings, topic: str, partitions: list[int] | None) -> 
         raise TopicError(
             f"{topic} does not exist at {settings.bootstrap()}; check -n (the namespace)"
         ) from None
+
+
+def load_app(target: str) -> Any:
+    """'package.module:app' -> the App object (the current directory is importable)."""
+    module_name, _, attr = target.partition(":")
+    if not module_name:
+        raise click.BadParameter("use MODULE:APP, e.g. shop.workflows:app")
+    sys.path.insert(0, str(Path.cwd()))
+    module = importlib.import_module(module_name)
+    return getattr(module, attr or "app")

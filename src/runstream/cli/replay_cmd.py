@@ -25,7 +25,6 @@ from rich.progress import Progress
 from rich.table import Table
 
 from runstream.cli import options
-from runstream.engine.budget import ActivationBudget
 from runstream.engine.partitioner import partition_for
 from runstream.engine.reducer import apply
 from runstream.engine.replay import (
@@ -39,6 +38,7 @@ from runstream.engine.replay import (
 from runstream.engine.state import RunState, Status
 from runstream.engine.workflow import Registry
 from runstream.errors import DecodeError, RunNotFound
+from runstream.runtime.budget import ActivationBudget
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import FACTS
 from runstream.settings import Settings
@@ -194,10 +194,8 @@ def replay_cmd(
         raise click.UsageError("give a RUN_ID, or --workflow (with --status) for many runs")
     if run_id is not None and statuses:
         raise click.UsageError("--status goes with --workflow")
-    from runstream.cli.main import load_app  # main imports this module
-
     try:
-        registry: Registry = load_app(target).registry
+        registry: Registry = options.load_app(target).registry
     except (ImportError, AttributeError) as exc:  # a typo in MODULE:APP: say so in one line
         raise click.BadParameter(f"cannot load {target!r}: {exc}", param_hint="--app") from None
     settings = Settings().with_bootstrap(bootstrap)

@@ -56,11 +56,10 @@ def serve(
     Each task runs at least once; its offset is committed once Kafka took its result,
     and the engine settles an attempt with the first result for it. Make steps
     idempotent."""
-    from runstream.cli.main import load_app  # main imports this module
     from runstream.taskworker import TaskWorker
 
     settings = options.engine_settings(values)
-    app = load_app(target)
+    app = options.load_app(target)
     TaskWorker(
         app, group, concurrency=concurrency, prefetch=prefetch, settings=settings, grace=grace
     ).run()

@@ -482,6 +482,18 @@ class LocalKafka:
         proc.wait(timeout=10)
         _children.pop(proc.pid, None)
 
+    def pause_node(self, i: int) -> None:
+        """SIGSTOP node i: a broker that stops answering without closing its connections
+        (a long GC pause, a frozen VM); `resume_node` wakes it."""
+        proc = self.procs[i]
+        if proc is not None:
+            _signal_group(proc.pid, signal.SIGSTOP)
+
+    def resume_node(self, i: int) -> None:
+        proc = self.procs[i]
+        if proc is not None:
+            _signal_group(proc.pid, signal.SIGCONT)
+
     def restart_node(self, i: int) -> None:
         """Start node i again with the same config and data dir (no reformat); wait until the
         cluster lists all nodes again."""

@@ -164,7 +164,7 @@ class Replay:
 
 
 class Overrun(BaseException):
-    """Raised into workflow code that overran its time budget (see engine.budget)."""
+    """Raised into workflow code that overran its time budget (see runtime.budget)."""
 
 
 class _Abort(BaseException):
@@ -415,7 +415,7 @@ def replay(
 ) -> Replay:
     """Run ``wf`` against ``state``'s history from the start until it ends or suspends,
     then close it. Never raises. ``guard`` brackets the workflow code (the shell's time
-    budget, `engine.budget`)."""
+    budget, `runtime.budget`)."""
     live = _Live(wf, Context(state, registry, now_ms))
     result = live.run(state, now_ms, guard)
     live.close()

@@ -108,7 +108,7 @@ class StepJob:
     attempt: int
     step: StepDef
     args: tuple[Any, ...]
-    isolated: bool = False  # a recovery: runs alone in the process (see engine.steps)
+    isolated: bool = False  # a recovery: runs alone in the process (see runtime.steps)
 
     @property
     def key(self) -> Attempt:
@@ -202,7 +202,7 @@ class Batch:
         self.runs: dict[str, Working] = {}
         self.effects = Effects()
         self.consumed: dict[int, tuple[int, int]] = {}  # partition -> (first, last) offset
-        # Runs whose workflow code must not run in this batch, with why (engine.budget).
+        # Runs whose workflow code must not run in this batch, with why (runtime.budget).
         self.parked: Mapping[str, str] = parked or {}
 
     def state(self, partition: int, run_id: str) -> RunState:

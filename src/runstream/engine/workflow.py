@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from runstream.engine.steps import StepContext
 from runstream.errors import InvalidInput, WorkflowNotFound
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -81,8 +82,6 @@ def step_def(
     fn: Callable[..., Any], policy: StepPolicy | None = None, name: str | None = None
 ) -> StepDef:
     """Declare ``fn`` as a step (`App.step` does this for users)."""
-    from runstream.engine.steps import StepContext  # here: steps imports this module
-
     hints = type_hints(fn)
     ret = hints.get("return", inspect.Signature.empty)
     context = [p for p, t in hints.items() if t is StepContext and p != "return"]

@@ -23,12 +23,14 @@ from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_END,
     Consumer,
+    IsolationLevel,
     KafkaError,
     KafkaException,
     Message,
     Producer,
     TopicPartition,
 )
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from runstream.engine.limits import Limits
 from runstream.engine.work import LogRecord
@@ -224,6 +226,7 @@ class KafkaLog:
     ) -> None:
         self.topics, self.partitions, self.limits = topics, partitions, limits
         self.watchdog = watchdog
+        self._config = config
         ns = topics.ns
         self._journal_ends: dict[int, int] = {}
         # Two transactional producers take turns. A transaction's commit returns before the
@@ -344,22 +347,48 @@ class KafkaLog:
     def read_journal(
         self, start: Mapping[int, int], stopping: Callable[[], bool]
     ) -> Iterator[LogRecord]:
-        """The journal partitions from ``start`` to their stable end (read_committed)."""
+        """The journal partitions from ``start`` to their end (read_committed).
+
+        The end is the high watermark once the commands' committed offsets have settled
+        (`committed`), not the first end of data met: a transaction's commit markers land
+        on each partition independently, so the predecessor's offsets can be visible while
+        its last facts still wait for their marker (the last stable offset stops before
+        them). Reading on until the position passes that watermark waits for every
+        transaction that wrote there before this instance took the partition to be
+        decided (at worst, by the coordinator's abort at its transaction timeout).
+        """
         journal = self.topics.journal
-        self._restorer.assign([TopicPartition(journal, p, o) for p, o in start.items()])
+        tps = [TopicPartition(journal, p, o) for p, o in start.items()]
+        with self.watchdog.watch("list_offsets", 45):
+            ends = self._high_watermarks(journal, list(start))
+        self._restorer.assign(tps)
         try:
-            open_partitions = set(start)
+            open_partitions = {p for p, o in start.items() if o < ends[p]}
             while open_partitions and not stopping():
                 for msg in consume_ready(self._restorer, 0.5, 2000):
-                    err = msg.error()
+                    err, p = msg.error(), msg.partition() or 0
                     if err is None:
                         yield as_record(msg)
+                        if (msg.offset() or 0) + 1 >= ends[p]:
+                            open_partitions.discard(p)
                     elif err.code() == KafkaError._PARTITION_EOF:
-                        open_partitions.discard(msg.partition() or 0)
+                        if (msg.offset() or 0) >= ends[p]:  # past markers and aborted data
+                            open_partitions.discard(p)
                     else:
                         raise KafkaFatal(f"reading {journal}: {err}")
         finally:
             self._restorer.unassign()
+
+    def _high_watermarks(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        """Each partition's high watermark, past every record written, committed or not (a
+        read_committed consumer's watermarks stop at the last stable offset)."""
+        admin = AdminClient(dict(self._config))
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        asked = {TopicPartition(topic, p): latest for p in partitions}
+        futures = admin.list_offsets(
+            asked, isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=30
+        )
+        return {tp.partition: int(f.result().offset) for tp, f in futures.items()}
 
     # -- the transactional writer ------------------------------------------------------
     def begin(self) -> None:

@@ -13,9 +13,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from runstream.engine.steps import StepRunner
-from runstream.engine.timers import TimerQueue
 from runstream.engine.work import LogRecord, Recover, Resume, StepOutcome, Work
+from runstream.runtime.steps import StepRunner
+from runstream.runtime.timers import TimerQueue
 
 #: At most this many due timers per batch, so one burst can't make a huge transaction.
 TIMERS_PER_BATCH = 5000

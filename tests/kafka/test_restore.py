@@ -1,0 +1,91 @@
+"""A new owner's restore against transactions still being decided (issue 19, defect 9).
+
+A transaction's commit markers land on each partition it wrote independently: the one on
+``__consumer_offsets`` can become visible before the one on the journal partition. A new
+owner that read the journal only to its last stable offset would then miss the last facts
+its predecessor committed, and take the predecessor's commands as done. Here a transaction
+that wrote facts to the journal is held open (as a journal marker still on its way is) while
+an engine takes the partition: the engine's restore must wait for it, and hold the facts
+once it commits.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+
+import runstream
+from runstream.engine.partitioner import partition_for
+from runstream.schemas.codec import Codec
+from runstream.schemas.records import RunStarted, SignalAwaited
+from runstream.topics.admin import client_config, ensure_topics
+
+from .flows import make_app
+from .kit import PARTITIONS, ThreadWorker, wait_for
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.mark.parametrize("decision", ["commit", "abort"])
+def test_restore_waits_for_a_journal_transaction_still_being_decided(
+    decision, kafka_bootstrap, ns, tmp_path
+):
+    ensure_topics(kafka_bootstrap, ns, PARTITIONS)
+    run_id, codec, now = "hidden", Codec.default(), int(time.time() * 1000)
+    p = partition_for(run_id.encode(), PARTITIONS)
+    predecessor = Producer(
+        {**client_config(kafka_bootstrap), "transactional.id": f"{ns}.predecessor"}
+    )
+    predecessor.init_transactions(30)
+    predecessor.begin_transaction()
+    for fact in (
+        RunStarted(run_id, now, "approval", "1", b"null"),
+        SignalAwaited(run_id, now, 1, "approve", None),
+    ):
+        predecessor.produce(f"{ns}.journal", codec.encode(fact), run_id.encode(), partition=p)
+    predecessor.flush(30)
+
+    worker = ThreadWorker(make_app(ns, kafka_bootstrap), tmp_path / "state")
+    client = None
+    try:
+        # The engine takes the partition while the predecessor's facts are undecided; they
+        # are committed a moment after it did.
+        wait_for(lambda: _owns(kafka_bootstrap, f"{ns}.engine", p), what="the assignment")
+        decide = getattr(predecessor, f"{decision}_transaction")
+        committer = threading.Timer(2.0, lambda: decide(30))
+        committer.start()
+        client = wait_for(lambda: _client(ns, kafka_bootstrap), what="the client")
+        committer.join()
+        if decision == "commit":  # the engine holds the predecessor's facts: the run goes on
+            client.signal(run_id, "approve", "ann")
+            assert client.result(run_id, timeout=60) == {"approved": True, "by": "ann"}
+        else:  # aborted facts never count, and the restore did not wait for ever
+            with pytest.raises(runstream.RunNotFound):
+                client.get_run(run_id)
+            client.start("three_steps", 1, run_id="after")
+            assert client.result("after", timeout=60) == 4
+    finally:
+        if client is not None:
+            client.close()
+        worker.stop()
+
+
+def _owns(bootstrap: str, group: str, partition: int) -> bool:
+    admin = AdminClient(client_config(bootstrap))
+    [described] = admin.describe_consumer_groups([group]).values()
+    try:
+        members = described.result(10).members
+    except KafkaException:
+        return False
+    return any(tp.partition == partition for m in members for tp in m.assignment.topic_partitions)
+
+
+def _client(ns: str, bootstrap: str) -> runstream.Client | None:
+    try:
+        return runstream.Client(ns, bootstrap)
+    except runstream.RunstreamError:
+        return None
