@@ -12,8 +12,9 @@ Commands go through the engine's `Decider` as Avro records, exactly as they come
 Kafka, so the rules are the production ones: replay, non-determinism (the run is parked,
 with the reason), retries with backoff, compensation, signals buffered until awaited,
 dead letters. The tester plays the shell around the core in the simplest way: every
-batch commits, step bodies (or their fakes) run at once in the test's thread, and the
-clock moves only when the test says so. Each activation replays the workflow from the
+batch commits, step bodies (or their fakes) run at once in the test's thread (a remote
+step's too, its arguments through JSON as a task worker gets them), and the clock moves
+only when the test says so. Each activation replays the workflow from the
 start, as after a restart, so code that no longer fits its history shows at once.
 
 Not played here: Kafka itself, crashes and rebalances, the activation time budget (a
@@ -30,11 +31,13 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from runstream.engine import payload
 from runstream.engine.decide import Decider
 from runstream.engine.replay import Replayer
 from runstream.engine.state import RunState, State, Status, new_state
-from runstream.engine.work import Batch, LogRecord, StepJob, Work
+from runstream.engine.work import Batch, LogRecord, StepJob, StepOutcome, Work
 from runstream.engine.workflow import seconds, step_def
 from runstream.errors import (
     RunCancelled,
@@ -56,9 +59,12 @@ from runstream.schemas.records import (
     ScheduleCommand,
     Signal,
     StartRun,
+    StepResult,
+    StepTask,
     correlation_id,
     schedule_id,
 )
+from runstream.taskworker import _Served
 from runstream.topics.spec import Topics
 
 if TYPE_CHECKING:
@@ -330,8 +336,29 @@ class WorkflowTester:
             self._queue_command(cmd)
         for job in fx.steps:
             self._work.append(self._execute(job))
+        for task in fx.tasks:  # remote steps: served at once, as by a task worker
+            self._queue_command(self._serve(task))
 
-    def _execute(self, job: StepJob) -> Work:
+    def _serve(self, task: StepTask) -> StepResult:
+        """A remote step's task run inline: its arguments rebuilt from JSON by the step's
+        type hints (`taskworker`), its result sent back as a StepResult command."""
+        step = self.app.registry.step_by_name(task.name)
+        try:
+            args = _Served.of(step).arguments(payload.loads(task.args))
+        except (ValueError, ValidationError) as exc:
+            why = f"arguments of step {task.name!r} are invalid: {exc}"
+            o = StepOutcome(
+                PARTITION, task.run_id, task.seq, task.attempt, False, error=why, retryable=False
+            )
+        else:
+            o = self._execute(StepJob(PARTITION, task.run_id, task.seq, task.attempt, step, args))
+        output = o.output if o.ok else b"null"
+        return StepResult(
+            task.run_id, task.seq, task.attempt, o.ok, output, o.error, o.traceback,
+            task.attempt_id, o.retryable, o.duration_ms, "tester",
+        )  # fmt: skip
+
+    def _execute(self, job: StepJob) -> StepOutcome:
         fake = self._fakes.get(job.step.name)
         if fake is not None:
             is_async = inspect.iscoroutinefunction(inspect.unwrap(fake))

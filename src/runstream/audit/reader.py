@@ -26,6 +26,7 @@ from runstream.errors import DecodeError, TopicError
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
     FACTS,
+    ChildEnded,
     ChildStarted,
     DeadLetter,
     EventMatched,
@@ -130,6 +131,7 @@ def audit(
     misplaced: list[Violation] = []
     children: list[tuple[str, str, int]] = []  # (parent, child, ChildStarted offset)
     parents: dict[str, str] = {}  # child run -> the parent its RunStarted names
+    refused: set[tuple[str, str]] = set()  # (parent, child) whose start was refused
     matched: defaultdict[tuple[str, int], list[tuple[str, int, int]]] = defaultdict(list)
     received: list[tuple[str, int, str, int, int]] = []  # (run, seq, event, p, offset)
     n_parts: int | None = None
@@ -174,6 +176,8 @@ def audit(
                 report.recovered[run_id, fact.seq] += 1
             elif isinstance(fact, ChildStarted):
                 children.append((run_id, fact.child_run_id, offset))
+            elif isinstance(fact, ChildEnded) and fact.status == "rejected":
+                refused.add((run_id, fact.child_run_id))  # its parent was told so
             elif isinstance(fact, RunStarted) and fact.parent_run_id:
                 parents[run_id] = fact.parent_run_id
             elif isinstance(fact, EventMatched) and fact.event_id:
@@ -216,7 +220,7 @@ def audit(
             report.violations.append(Violation(run_id, p, (offset,), why))
     if expect_finished:  # every child a parent started did start, as its child, once
         for parent, child, offset in children:
-            if parents.get(child) != parent:
+            if parents.get(child) != parent and (parent, child) not in refused:
                 why = "never started" if child not in runs else "names another parent"
                 report.violations.append(
                     Violation(parent, runs[parent].partition, (offset,), f"child {child!r} {why}")

@@ -277,13 +277,17 @@ def _select(model: RunsModel, where: dict[str, str]) -> list[str]:
 def _wait_ended(
     ns: str, bootstrap: str | None, base: Path | None, run_ids: list[str], timeout: float
 ) -> dict[str, str]:
-    """Each run's status once all ended, or as they are after ``timeout`` seconds."""
+    """Each run's status once all ended, or as they are after ``timeout`` seconds; a run
+    that continued as new has the status of the run that carries it on (its cancel
+    followed it there)."""
     deadline = time.monotonic() + timeout
     while True:
         with caught_up(ns, bootstrap, base) as (model, _):
             statuses = {}
             for run_id in run_ids:
                 row = model.get(run_id)
+                while row is not None and row.status == Status.COMPLETED and row.continued_as:
+                    row = model.get(row.continued_as)
                 statuses[run_id] = row.status if row else "unknown"
         if all(s in TERMINAL for s in statuses.values()) or time.monotonic() > deadline:
             return statuses

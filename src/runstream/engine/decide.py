@@ -6,7 +6,8 @@ Each consumed record is checked in this order, and the first problem decides:
 2. its run id is usable (else ``bad-run-id``);
 3. it arrived on the partition its run id hashes to (else it is forwarded there);
 4. it fits the size limit (else ``oversize``; a start is also recorded as rejected);
-5. its id is of the kind its rule is for, a run or an entity (else ``bad-run-id``);
+5. its id is of the kind its command is for (`kind_problem`): a run's, or a limit's, an
+   event entity's (exactly its event's) or a schedule's (else ``bad-run-id``);
 6. its rule accepts it (else the rule's reason: ``unknown-workflow``, ``invalid-input``,
    ``unknown-run``, ``unexpected-step-result``).
 
@@ -26,6 +27,7 @@ from runstream.engine.limits import Limits
 from runstream.engine.partitioner import partition_for
 from runstream.engine.reducer import apply
 from runstream.engine.rules import HANDLERS, Activation, Rejected, Rules
+from runstream.engine.rules.children import tell_refused_parent
 from runstream.engine.rules.core import emit
 from runstream.engine.rules.runs import run_info
 from runstream.engine.state import RunState, RunView, State
@@ -34,12 +36,16 @@ from runstream.engine.workflow import Registry
 from runstream.errors import DecodeError
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
+    ENTITY_PREFIX,
     Command,
     DeadLetter,
+    PublishEvent,
     Reason,
     RunInfo,
     RunRejected,
     StartRun,
+    Subscribe,
+    correlation_id,
     id_kind,
     redrives_of,
     run_id_problem,
@@ -138,11 +144,9 @@ class Decider:
     def _dispatch(self, b: Batch, st: State, item: Command | Work) -> None:
         """Hand ``item`` to its handler (`rules.HANDLERS`), if it is for this kind of id."""
         kind, handler = HANDLERS[type(item)]
-        if kind is not None and not isinstance(st, kind):
-            raise Rejected(
-                Reason.BAD_RUN_ID,
-                f"{type(item).__name__} is not for {st.run_id!r}, a {id_kind(st.run_id)} id",
-            )
+        problem = kind_problem(item, st, kind)
+        if problem:
+            raise Rejected(Reason.BAD_RUN_ID, problem)
         handler(self.rules, b, st, item)
 
     # -- the guard -----------------------------------------------------------------
@@ -166,6 +170,7 @@ class Decider:
             if isinstance(cmd, StartRun) and isinstance(st, RunState) and not st.exists:
                 rejected = RunRejected(run_id, b.now, cmd.workflow[:1024], exc.code, exc.reason)
                 emit(b, st, rejected)
+                tell_refused_parent(b, cmd, self.limits.clip(f"{exc.code}: {exc.reason}"))
         except Exception as exc:  # a bug must not block the partition: set the cause aside
             log.exception("decision failed for run %s", run_id)
             self._undo(b, run_id, mark)
@@ -204,6 +209,23 @@ class Decider:
         else:
             letter = dead_letter(rec, code, reason, self.limits, b.now, run_id)
         b.effects.dead_letters.append(letter)
+
+
+def kind_problem(item: Command | Work, st: State, kind: type[State] | None) -> str | None:
+    """Why ``item`` may not go to ``st``: each command is for one kind of id (``kind``,
+    from `rules.HANDLERS`: an Acquire keyed by a run would write limit facts into that
+    run's journal), an event's command for exactly its name and key's entity, and a run's
+    for no id the engine reserves. A Query (``kind`` None) may ask about any id: it only
+    reads."""
+    name, run_id = type(item).__name__, st.run_id
+    if kind is not None and not isinstance(st, kind):
+        return f"{name} is not for {run_id!r}, a {id_kind(run_id)} id"
+    if kind is RunState and run_id.startswith(ENTITY_PREFIX):
+        return f"{name} is for a run, and {run_id!r} names an engine entity"
+    if isinstance(item, PublishEvent | Subscribe) and run_id != correlation_id(item.name, item.key):
+        what = f"{name} of event {item.name!r} (key {item.key!r})"
+        return f"{what} is keyed {run_id!r}, not by its correlation id"
+    return None
 
 
 def dead_letter(

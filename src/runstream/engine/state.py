@@ -19,6 +19,7 @@ from runstream.schemas.records import (
     LimitSet,
     PermitGranted,
     PermitQueued,
+    PermitRequested,
     ScheduleSet,
     SeqFact,
     SignalAwaited,
@@ -87,8 +88,8 @@ class RunState:
     pending: dict[int, SeqFact] = field(default_factory=dict)
     signals: list[SignalBuffered] = field(default_factory=list)  # buffered, not yet consumed
     signal_ids: set[str] = field(default_factory=set)  # every signal id seen: dedupe
-    # A run's permits, requested or held, by seq -> the limit's entity id.
-    permits: dict[int, str] = field(default_factory=dict)
+    # A run's permits, requested or held, by seq -> its request (the limit, the request id).
+    permits: dict[int, PermitRequested] = field(default_factory=dict)
     # Remote attempts' latest heartbeats, by seq. Not facts (there are too many): the
     # projection keeps them beside the facts, and a new owner starts them afresh.
     beats: dict[int, Beat] = field(default_factory=dict)
@@ -247,6 +248,14 @@ class LimitState:
         return (holder, seq) in self.held or any(
             (q.holder, q.seq) == (holder, seq) for q in self.queue
         )
+
+    def request_of(self, holder: str, seq: int) -> str | None:
+        """The id of the request of ``holder`` at ``seq`` it holds out a permit to, or
+        queues (None: it does neither)."""
+        held = self.held.get((holder, seq))
+        if held is not None:
+            return held.request_id
+        return next((q.request_id for q in self.queue if (q.holder, q.seq) == (holder, seq)), None)
 
     def can_grant(self, now: int) -> bool:
         """It may grant a permit at ``now`` (concurrency and rate allow it)."""

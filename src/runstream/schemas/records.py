@@ -105,24 +105,39 @@ def run_id_problem(
 ENTITY_PREFIX = "~"
 
 
+#: The id prefixes of the engine's entities, one per kind (`entity_id`).
+EVENT_PREFIX = f"{ENTITY_PREFIX}event/"
+LIMIT_PREFIX = f"{ENTITY_PREFIX}limit/"
+SCHEDULE_PREFIX = f"{ENTITY_PREFIX}schedule/"
+
+
+def entity_id(prefix: str, *parts: str, hashed: str) -> str:
+    """``prefix`` and ``parts`` joined by ``/``, unambiguously: if a part holds a ``/``,
+    each part is escaped (``%`` and ``/``) and ``//`` marks the id, whose slashes then
+    outnumber those of any id of unescaped parts; ids of parts without ``/`` stay as
+    they always were. An id too long for a key (or with a NUL) is a hash: of ``hashed``
+    (the text hashed before ids were escaped), or of the escaped id."""
+    escaped = any("/" in p for p in parts)
+    if escaped:
+        ent = f"{prefix}//" + "/".join(p.replace("%", "%25").replace("/", "%2F") for p in parts)
+    else:
+        ent = prefix + "/".join(parts)
+    if len(ent.encode()) <= MAX_RUN_ID_BYTES and "\x00" not in ent:
+        return ent
+    return prefix + hashlib.sha256((ent if escaped else hashed).encode()).hexdigest()
+
+
 def correlation_id(name: str, key: str) -> str:
     """The id of the entity that matches events ``name`` with correlation ``key`` to the
-    runs waiting for them: its partition owns both (a hash stands in for a long pair)."""
-    corr = f"{ENTITY_PREFIX}event/{name}/{key}"
-    if len(corr.encode()) <= MAX_RUN_ID_BYTES and "\x00" not in corr:
-        return corr
-    digest = hashlib.sha256(f"{name}\x00{key}".encode()).hexdigest()
-    return f"{ENTITY_PREFIX}event/{digest}"
+    runs waiting for them: its partition owns both."""
+    return entity_id(EVENT_PREFIX, name, key, hashed=f"{name}\x00{key}")
 
 
 def limit_id(name: str, key: str | None = None) -> str:
     """The id of the entity that keeps limit ``name`` (a step queue), or the concurrency
     limit of workflow ``name`` for one ``key``: its partition owns the permits."""
-    ent = f"{ENTITY_PREFIX}limit/{name}" + ("" if key is None else f"/{key}")
-    if len(ent.encode()) <= MAX_RUN_ID_BYTES and "\x00" not in ent:
-        return ent
-    digest = hashlib.sha256(f"{name}\x00{key}".encode()).hexdigest()
-    return f"{ENTITY_PREFIX}limit/{digest}"
+    parts = (name,) if key is None else (name, key)
+    return entity_id(LIMIT_PREFIX, *parts, hashed=f"{name}\x00{key}")
 
 
 #: The seq of a run's own permit (its workflow's concurrency_key), below any step's.
@@ -131,7 +146,7 @@ RUN_PERMIT_SEQ = -(1 << 31) + 2
 
 def schedule_id(name: str) -> str:
     """The id of the entity that keeps schedule ``name`` (`ScheduleCommand`)."""
-    return f"{ENTITY_PREFIX}schedule/{name}"
+    return f"{SCHEDULE_PREFIX}{name}"
 
 
 class IdKind(StrEnum):
@@ -143,7 +158,11 @@ class IdKind(StrEnum):
     SCHEDULE = "schedule"  # schedule_id
 
 
-_ENTITY_KINDS = {f"{ENTITY_PREFIX}{k}/": k for k in IdKind if k is not IdKind.RUN}
+_ENTITY_KINDS = {
+    EVENT_PREFIX: IdKind.EVENT,
+    LIMIT_PREFIX: IdKind.LIMIT,
+    SCHEDULE_PREFIX: IdKind.SCHEDULE,
+}
 
 
 def id_kind(run_id: str) -> IdKind:
@@ -162,6 +181,12 @@ def continuation_of(run_id: str) -> str:
     if m := _CONTINUATION.search(run_id):
         base, n = run_id[: m.start()], int(m.group()[1:])
     return f"{base}~{n + 1}"
+
+
+def continues(run_id: str, origin: str) -> bool:
+    """``run_id`` is ``origin`` or one of its continuations (``origin~<n>``)."""
+    rest = run_id.removeprefix(f"{origin}~")
+    return run_id == origin or (rest != run_id and rest.isdigit())
 
 
 class Record:
@@ -316,6 +341,7 @@ class Acquire(Record):
     burst: int = 1
     max_queued: int | None = None
     sent_at_ms: int = 0
+    request_id: str = ""  # the holder's id of this request: its Release names it
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +360,7 @@ class Release(Record):
     holder: str
     seq: int
     sent_at_ms: int = 0
+    request_id: str = ""  # the request whose permit goes back (forged: frees nothing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -718,6 +745,7 @@ class PermitQueued(Record):
     seq: int
     priority: int = 0
     fairness: str = ""
+    request_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -727,6 +755,7 @@ class PermitGranted(Record):
     holder: str
     seq: int
     fairness: str = ""
+    request_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -744,6 +773,7 @@ class PermitRequested(Record):
     seq: int
     limit: str
     attempt: int = 1
+    request_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,8 @@ and its children are cancelled with it (unless abandoned)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from runstream.engine.rules import children, core
 from runstream.engine.rules.context import Rejected, Rules
 from runstream.engine.state import RunState
@@ -15,6 +17,9 @@ def cancel(ctx: Rules, b: Batch, st: RunState, cmd: Cancel) -> None:
     then every completed step's compensation runs, newest first."""
     if not st.exists:
         raise Rejected(Reason.UNKNOWN_RUN, f"cancel of unknown run {st.run_id!r}")
+    if st.continued_as:  # it carries on as another run: the cancel is for that one
+        b.effects.commands.append(replace(cmd, run_id=st.continued_as))
+        return
     if st.terminal or st.compensation is not None:
         return
     reason = ctx.limits.clip(cmd.reason or "cancelled")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from runstream.engine.replay import ChildCall
 from runstream.engine.rules import core, runs
 from runstream.engine.rules.context import Rejected, Rules
-from runstream.engine.state import RunState, RunView
+from runstream.engine.state import RunState, RunView, Status
 from runstream.engine.work import Batch
 from runstream.schemas.records import (
     Cancel,
@@ -19,6 +19,7 @@ from runstream.schemas.records import (
     RunCancelled,
     RunCompleted,
     StartRun,
+    continues,
     run_id_problem,
 )
 
@@ -66,9 +67,12 @@ def start_child(ctx: Rules, b: Batch, st: RunState, call: ChildCall) -> bool:
 def child_result(ctx: Rules, b: Batch, st: RunState, cmd: ChildResult) -> None:
     """An awaited child ended: settle the parent's seq and go on."""
     started = st.pending.get(cmd.seq)
-    if not (isinstance(started, ChildStarted) and started.child_run_id == cmd.child_run_id):
+    # A child that continued as new answers under its new id (``<child>~<n>``).
+    if not (
+        isinstance(started, ChildStarted) and continues(cmd.child_run_id, started.child_run_id)
+    ):
         told = st.resolved.get(cmd.seq)
-        again = isinstance(told, ChildEnded) and told.child_run_id == cmd.child_run_id
+        again = isinstance(told, ChildEnded) and continues(cmd.child_run_id, told.child_run_id)
         if st.terminal or again:
             return  # the parent ended first, or it was told already
         raise Rejected(
@@ -76,11 +80,23 @@ def child_result(ctx: Rules, b: Batch, st: RunState, cmd: ChildResult) -> None:
             f"run {st.run_id!r} awaits no child {cmd.child_run_id!r} at seq {cmd.seq}",
         )
     ended = ChildEnded(
-        st.run_id, b.now, cmd.seq, started.name, cmd.child_run_id, cmd.status, cmd.output,
+        st.run_id, b.now, cmd.seq, started.name, started.child_run_id, cmd.status, cmd.output,
         cmd.error,
     )  # fmt: skip
     core.emit(b, st, ended)
     core.advance(ctx, b, st)
+
+
+def tell_refused_parent(b: Batch, cmd: StartRun, reason: str) -> None:
+    """A child's start was refused here: its awaiting parent hears of it in the same
+    transaction (as ChildFailed, status ``rejected``), else it would wait for ever."""
+    if cmd.parent_run_id and cmd.parent_seq is not None:
+        b.effects.commands.append(
+            ChildResult(
+                cmd.parent_run_id, cmd.parent_seq, cmd.run_id, Status.REJECTED.value, None,
+                reason, b.now,
+            )
+        )  # fmt: skip
 
 
 def children(st: RunView) -> list[ChildStarted]:

@@ -22,7 +22,7 @@ from runstream.engine.replay import (
     StepCall,
     replay,
 )
-from runstream.engine.rules import children, runs, steps
+from runstream.engine.rules import children, limits, runs, steps
 from runstream.engine.rules.context import Rules
 from runstream.engine.state import RunState, RunView, State, Status
 from runstream.engine.work import Batch
@@ -35,7 +35,6 @@ from runstream.schemas.records import (
     EventAwaited,
     Fact,
     PermitRequested,
-    Release,
     RunCancelled,
     RunCompleted,
     RunFailed,
@@ -225,6 +224,6 @@ def emit(b: Batch, st: State, fact: Fact) -> None:
     if ev is not None:
         b.effects.lifecycle.append(ev)
     if ending:
-        for seq, limit in permits.items():  # the run's permits and requests go back
-            b.effects.commands.append(Release(limit, st.run_id, seq, b.now))
+        for asked in permits.values():  # the run's permits and requests go back
+            b.effects.commands.append(limits.release_of(b, st, asked))
         children.ended(b, st, fact, kids)

@@ -51,8 +51,11 @@ def run_permit(wf: WorkflowDef, run_id: str, data: bytes) -> Acquire | None:
 # -- the run's side ---------------------------------------------------------------------
 def request(b: Batch, st: RunState, ask: Acquire) -> None:
     """Ask the limit for a permit; the run waits at ``ask.seq`` for the Grant."""
-    core.emit(b, st, PermitRequested(st.run_id, b.now, ask.seq, ask.run_id, ask.attempt))
-    b.effects.commands.append(replace(ask, sent_at_ms=b.now))
+    # Its id names it apart from every other request (the Release must name it).
+    request_id = f"{ask.seq}.{ask.attempt}.{b.now:x}"
+    asked = PermitRequested(st.run_id, b.now, ask.seq, ask.run_id, ask.attempt, request_id)
+    core.emit(b, st, asked)
+    b.effects.commands.append(replace(ask, sent_at_ms=b.now, request_id=request_id))
 
 
 def grant(ctx: Rules, b: Batch, st: RunState, cmd: Grant) -> None:
@@ -65,7 +68,10 @@ def grant(ctx: Rules, b: Batch, st: RunState, cmd: Grant) -> None:
         and (st.compensation is None or cmd.seq < 0)
     ):
         if cmd.granted:
-            b.effects.commands.append(Release(cmd.limit, st.run_id, cmd.seq, b.now))
+            mine = st.permits.get(cmd.seq)
+            request_id = mine.request_id if mine and mine.limit == cmd.limit else ""
+            release = Release(cmd.limit, st.run_id, cmd.seq, b.now, request_id)
+            b.effects.commands.append(release)
         return
     received = PermitReceived(
         st.run_id, b.now, cmd.seq, cmd.limit, asked.attempt, cmd.granted, cmd.reason
@@ -80,9 +86,14 @@ def grant(ctx: Rules, b: Batch, st: RunState, cmd: Grant) -> None:
 
 def give_back(b: Batch, st: RunState, seq: int) -> None:
     """The attempt at ``seq`` ends: its permit, if it had one, goes back."""
-    limit = st.permits.get(seq)
-    if limit is not None:
-        b.effects.commands.append(Release(limit, st.run_id, seq, b.now))
+    asked = st.permits.get(seq)
+    if asked is not None:
+        b.effects.commands.append(release_of(b, st, asked))
+
+
+def release_of(b: Batch, st: RunState, asked: PermitRequested) -> Release:
+    """The Release that gives back the permit (or withdraws the request) ``asked``."""
+    return Release(asked.limit, st.run_id, asked.seq, b.now, asked.request_id)
 
 
 # -- the limit entity's side ------------------------------------------------------------
@@ -96,7 +107,7 @@ def acquire(ctx: Rules, b: Batch, ent: LimitState, cmd: Acquire) -> None:
     if lim is None or (lim.concurrency, lim.rate, lim.burst, lim.max_queued) != settings:
         core.emit(b, ent, LimitSet(ent.run_id, b.now, *settings))
     if not ent.queue and ent.can_grant(b.now):
-        _give(b, ent, cmd.holder, cmd.seq, cmd.fairness)
+        _give(b, ent, cmd.holder, cmd.seq, cmd.fairness, cmd.request_id)
         return
     if cmd.max_queued is not None and len(ent.queue) >= cmd.max_queued:
         reason = (
@@ -104,13 +115,17 @@ def acquire(ctx: Rules, b: Batch, ent: LimitState, cmd: Acquire) -> None:
         )
         b.effects.commands.append(Grant(cmd.holder, cmd.seq, ent.run_id, False, reason, b.now))
         return
-    queued = PermitQueued(ent.run_id, b.now, cmd.holder, cmd.seq, cmd.priority, cmd.fairness)
+    queued = PermitQueued(
+        ent.run_id, b.now, cmd.holder, cmd.seq, cmd.priority, cmd.fairness, cmd.request_id
+    )
     core.emit(b, ent, queued)
 
 
 def release(ctx: Rules, b: Batch, ent: LimitState, cmd: Release) -> None:
-    """A permit comes back (or a waiting request is withdrawn): grant the next."""
-    if ent.asked(cmd.holder, cmd.seq):
+    """A permit comes back (or a waiting request is withdrawn): grant the next. Only
+    a Release naming the request's id (from the holder's Acquire) counts: one by
+    anybody else frees nothing."""
+    if ent.request_of(cmd.holder, cmd.seq) == cmd.request_id:
         core.emit(b, ent, PermitReleased(ent.run_id, b.now, cmd.holder, cmd.seq))
         grant_waiting(b, ent)
 
@@ -122,9 +137,9 @@ def grant_waiting(b: Batch, ent: LimitState) -> None:
         top = max(q.priority for q in ent.queue)
         waiting = [(ent.served.get(q.fairness, -1), i, q) for i, q in enumerate(ent.queue)]
         _, _, q = min(w for w in waiting if w[2].priority == top)
-        _give(b, ent, q.holder, q.seq, q.fairness)
+        _give(b, ent, q.holder, q.seq, q.fairness, q.request_id)
 
 
-def _give(b: Batch, ent: LimitState, holder: str, seq: int, fairness: str) -> None:
-    core.emit(b, ent, PermitGranted(ent.run_id, b.now, holder, seq, fairness))
+def _give(b: Batch, ent: LimitState, holder: str, seq: int, fairness: str, request_id: str) -> None:
+    core.emit(b, ent, PermitGranted(ent.run_id, b.now, holder, seq, fairness, request_id))
     b.effects.commands.append(Grant(holder, seq, ent.run_id, True, "", b.now))

@@ -20,6 +20,10 @@ def start(ctx: Rules, b: Batch, st: RunState, cmd: StartRun) -> None:
     """StartRun: idempotent by run id. With ``signal`` (signal-with-start), the signal
     is delivered whether this starts the run or it exists already, once per id."""
     if st.exists:
+        if (cmd.parent_run_id, cmd.parent_seq) != (st.parent_run_id, st.parent_seq):
+            # A child whose id another run has: its parent must hear of it now.
+            why = f"run id {st.run_id!r} is taken by another run"
+            children.tell_refused_parent(b, cmd, f"{Reason.BAD_RUN_ID}: {why}")
         if cmd.signal is not None:
             signals.signal(ctx, b, st, _start_signal(st, cmd))
         return
