@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 import runstream
+from chaos.check import partitions_lost
 from runstream import App, Settings, Worker
 from runstream.engine import payload
 from runstream.schemas.codec import Codec
@@ -252,19 +252,6 @@ def check_ticks(step_log: Path, journal: list[tuple[str, dict, Any]], run_ids: l
         f"again ({recovered.total()} recoveries in the journal, {ahead} re-runs of a tick "
         "that had run ahead of a commit that never came)"
     )
-
-
-def partitions_lost(log_dir: Path) -> set[tuple[str, int]]:
-    """(pid, partition) for every partition an engine process logged it lost or gave up,
-    from the instance logs in ``log_dir``."""
-    out = set()
-    for path in log_dir.glob("*.log"):
-        for m in re.finditer(
-            r"partitions \[([\d, ]*)\] (?:lost|revoked) \(process (\d+)\)",
-            path.read_text(errors="replace"),
-        ):
-            out |= {(m[2], int(p)) for p in m[1].split(",") if p.strip()}
-    return out
 
 
 def journal_ends(bootstrap: str, ns: str) -> dict[int, int]:
