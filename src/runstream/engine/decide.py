@@ -7,7 +7,9 @@ Each consumed record is checked in this order, and the first problem decides:
 3. it arrived on the partition its run id hashes to (else it is forwarded there);
 4. it fits the size limit (else ``oversize``; a start is also recorded as rejected);
 5. its rule accepts it (else the rule's reason: ``unknown-workflow``, ``invalid-input``,
-   ``unknown-run``, ``unexpected-step-result``).
+   ``unknown-run``, ``unexpected-step-result``);
+6. what it decided can be encoded (else ``unencodable``: a name or key the workflow made
+   of text UTF-8 cannot carry; free texts are cleaned where facts are made, `Limits.clip`).
 
 A refused command goes to the dead-letter topic with its code and reason (a refused
 start also becomes a RunRejected fact, so ``result()`` can say why). A decision that
@@ -39,7 +41,7 @@ from runstream.engine.work import (
     Work,
 )
 from runstream.engine.workflow import Registry
-from runstream.errors import DecodeError
+from runstream.errors import DecodeError, SchemaError
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
     Acquire,
@@ -210,17 +212,27 @@ class Decider:
         mark = b.effects.mark()
         try:
             decision(st)
+            self._encode(b)
         except Rejected as exc:
             st = self._undo(b, run_id, mark)
-            self._dead_letter(b, cause, exc.code, exc.reason, run_id, p)
+            reason = self.limits.clip(exc.reason)
+            self._dead_letter(b, cause, exc.code, reason, run_id, p)
             if isinstance(cmd, StartRun) and not st.exists:
-                rejected = RunRejected(run_id, b.now, cmd.workflow[:1024], exc.code, exc.reason)
+                rejected = RunRejected(run_id, b.now, cmd.workflow[:1024], exc.code, reason)
                 self.rules.emit(b, st, rejected)
         except Exception as exc:  # a bug must not block the partition: set the cause aside
             log.exception("decision failed for run %s", run_id)
             self._undo(b, run_id, mark)
             reason = self.limits.clip(f"internal error: {exc!r}")
             self._dead_letter(b, cause, Reason.INTERNAL, reason, run_id, p)
+
+    def _encode(self, b: Batch) -> None:
+        """Encode the records the decision produced (the outbox produces these bytes), so
+        that what a user or a foreign producer sent never makes the shell fail on one."""
+        try:
+            b.effects.encode(self.codec.encode)
+        except SchemaError as exc:
+            raise Rejected(Reason.UNENCODABLE, f"the decision cannot be recorded: {exc}") from exc
 
     def _undo(self, b: Batch, run_id: str, mark: tuple[int, ...]) -> RunState:
         """Drop the effects since ``mark``, and rebuild the run's working copy from its
