@@ -5,6 +5,8 @@ the workflow made of such text) is undone and dead-lettered by the decision guar
 
 from __future__ import annotations
 
+import pytest
+
 from runstream.engine.limits import Limits, clean
 from runstream.engine.work import Batch
 from runstream.engine.workflow import Registry, StepPolicy, step_def, workflow_def
@@ -43,6 +45,14 @@ async def completes(ctx, x: int) -> int:
     return x
 
 
+async def starts_a_child_named_by_its_input(ctx, name: str) -> int:
+    return await ctx.child(completes, 1, run_id=name)
+
+
+async def waits_for_an_event_keyed_by_its_input(ctx, key: str) -> None:
+    await ctx.wait_for_event("paid", key=key)
+
+
 def core() -> Core:
     reg = Registry()
     for wf in (
@@ -51,6 +61,8 @@ def core() -> Core:
         waits_for_a_signal_named_by_its_input,
         signalled_then_waits_as_told,
         completes,
+        starts_a_child_named_by_its_input,
+        waits_for_an_event_keyed_by_its_input,
     ):
         reg.add_workflow(workflow_def(wf))
     reg.add_step(step_def(fails_quoting, StepPolicy(retries=0)))
@@ -115,6 +127,22 @@ def test_a_start_whose_decision_names_a_wait_with_such_text_is_dead_lettered_and
     assert c.names("bad") == ["RunRejected"]  # RunStarted was undone with the rest
     assert c.facts("bad")[0].code == "unencodable"
     assert c.state("bad").status == "rejected" and c.state("good").status == "completed"
+    encodes(c)
+
+
+@pytest.mark.parametrize(
+    "workflow", ["starts_a_child_named_by_its_input", "waits_for_an_event_keyed_by_its_input"]
+)
+def test_a_start_whose_workflow_makes_an_id_of_such_text_is_refused_as_unencodable(workflow):
+    """The id is checked (its size in UTF-8) before any record holds it: that check fails
+    on such text, and the guard refuses the decision as unencodable, not as a bug."""
+    c = core()
+    c.command(StartRun("bad", workflow, CUT))
+    (letter,) = c.dead
+    assert (letter.code, letter.run_id) == ("unencodable", "bad")
+    assert letter.reason.startswith("the decision cannot be recorded: ")
+    assert "holds text UTF-8 cannot carry (a lone surrogate)" in letter.reason
+    assert c.names("bad") == ["RunRejected"] and not c.commands
     encodes(c)
 
 

@@ -211,8 +211,7 @@ class Decider:
         st = b.state(p, run_id)
         mark = b.effects.mark()
         try:
-            decision(st)
-            self._encode(b)
+            self._encoded(b, st, decision)
         except Rejected as exc:
             st = self._undo(b, run_id, mark)
             reason = self.limits.clip(exc.reason)
@@ -226,9 +225,17 @@ class Decider:
             reason = self.limits.clip(f"internal error: {exc!r}")
             self._dead_letter(b, cause, Reason.INTERNAL, reason, run_id, p)
 
-    def _encode(self, b: Batch) -> None:
-        """Encode the records the decision produced (the outbox produces these bytes), so
-        that what a user or a foreign producer sent never makes the shell fail on one."""
+    def _encoded(self, b: Batch, st: RunState, decision: Callable[[RunState], None]) -> None:
+        """Run the decision and encode what it produced (the outbox produces these bytes):
+        text UTF-8 cannot carry (a lone surrogate) in it refuses it, so that what a user or
+        a foreign producer sent never makes the shell fail. Free texts are cleaned before
+        (`Limits.clip`); this catches the ids and names a workflow made of such text."""
+        try:
+            decision(st)
+        except UnicodeEncodeError as exc:  # such an id checked (its size in UTF-8, ...)
+            text = f"{exc.object!r:.300}" if isinstance(exc.object, str) else "a text"
+            why = f"{text} holds text UTF-8 cannot carry (a lone surrogate)"
+            raise Rejected(Reason.UNENCODABLE, f"the decision cannot be recorded: {why}") from exc
         try:
             b.effects.encode(self.codec.encode)
         except SchemaError as exc:
