@@ -13,6 +13,8 @@ from runstream.engine.workflow import Registry, StepPolicy, step_def, workflow_d
 from runstream.errors import TerminalStepError
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import Signal, StartRun
+from runstream.topics.outbox import outbox
+from runstream.topics.spec import Topics
 
 from .corehelp import Core
 
@@ -162,10 +164,26 @@ def test_a_later_unencodable_decision_is_undone_and_dead_lettered_and_the_run_go
     encodes(c)
 
 
-def test_the_guard_hands_the_bytes_it_encoded_to_the_shell():
+class Counting(Codec):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoded = 0
+
+    def encode(self, record):
+        self.encoded += 1
+        return super().encode(record)
+
+
+def test_the_guard_hands_the_bytes_it_encoded_to_the_shell_each_record_encoded_once():
     c = core()
+    c.decider.codec = counting = Counting()
     b: Batch = c.start("good", "completes", 7)
-    codec = Codec.default()
     fx = b.effects
-    assert fx.encoded.facts == [codec.encode(f) for f in fx.facts]
-    assert fx.encoded.lifecycle == [codec.encode(e) for e in fx.lifecycle]
+    assert counting.encoded == len(fx.facts) + len(fx.lifecycle) > 0  # by the guard
+    assert fx.encoded.facts == [Codec.default().encode(f) for f in fx.facts]
+    assert fx.encoded.lifecycle == [Codec.default().encode(e) for e in fx.lifecycle]
+    counting.encoded = 0
+    records, by_run = outbox(b, Topics("t"), counting, 1)
+    assert counting.encoded == 0  # the outbox encodes nothing again
+    assert [r.value for r in records] == [*fx.encoded.facts, *fx.encoded.lifecycle]
+    assert by_run == {"good": fx.encoded.facts}
