@@ -171,6 +171,14 @@ def make_app(ns: str, bootstrap: str | None = None, **kw) -> runstream.App:
         """The next ten events "tick" of correlation ``key``: their numbers."""
         return [(await ctx.wait_for_event("tick", key=key))["n"] for _ in range(10)]
 
+    @app.workflow
+    async def quotes_input(ctx: runstream.Context, text: str) -> None:
+        raise ValueError(f"cannot take {text}")
+
+    @app.workflow
+    async def waits_named(ctx: runstream.Context, name: str) -> None:
+        await ctx.wait_for_signal(name)
+
     @app.workflow(on_event="order.placed", key=lambda ev: ev["order"])
     async def placed(ctx: runstream.Context, ev: dict) -> str:
         return await ctx.step(tick, ctx.run_id, 1)

@@ -52,9 +52,10 @@ def spawn_worker(
     state_dir: Path,
     instance: str,
     step_log: Path | None = None,
+    app: str = "tests.kafka.flows:app",
     **env: str,
 ) -> subprocess.Popen[bytes]:
-    """An engine instance in its own process, running tests.kafka.flows:app."""
+    """An engine instance in its own process, running ``app`` (tests.kafka.flows:app)."""
     full_env = {
         **os.environ,
         "RUNSTREAM_TEST_NS": ns,
@@ -71,7 +72,7 @@ def spawn_worker(
                 "-m",
                 "runstream",
                 "worker",
-                "tests.kafka.flows:app",
+                app,
                 "--instance",
                 instance,
                 "--state-dir",

@@ -6,17 +6,21 @@ import shutil
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
 
 import runstream
+from runstream.engine import lifecycle, payload
 from runstream.engine.partitioner import partition_for
+from runstream.engine.reducer import apply
+from runstream.engine.state import RunState
 from runstream.schemas.codec import Codec
 from runstream.topics.admin import client_config
 
 from .flows import make_app
-from .kit import PARTITIONS, ThreadWorker, read_topic, wait_for
+from .kit import PARTITIONS, ThreadWorker, owns, read_topic, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -105,13 +109,24 @@ def _sleeping(bootstrap: str, ns: str, run_id: str) -> bool:
     )
 
 
-def test_result_of_a_rejected_or_unknown_run_raises_at_once(engine):
+def test_result_of_a_rejected_or_unknown_run_raises_at_once(engine, kafka_bootstrap, ns, tmp_path):
+    """At once: by the first answer, with no question asked again (the client asks again
+    only after 2 s without an answer, then at 6, 14, 29, 44 and 59 s). A rejected start is
+    answered by its own StartRun (it asks for the run's end: no Query at all); an unknown
+    run by the owner's answer to the first Query. No time is measured."""
     client = engine.client
+    # An engine still joining its group (a fresh broker creates its internal topics then)
+    # would leave the first question unanswered for a while: that is not what is tested.
+    wait_for(lambda: len(owns(tmp_path / "state", ns, "w1")) == PARTITIONS, what="w1 to own all")
     client.start("no_such_workflow", {}, run_id="rejected")
     with pytest.raises(runstream.RunRejected, match=r"unknown-workflow.*no_such_workflow"):
         client.result("rejected", timeout=60)  # not a TimeoutError after a minute
     with pytest.raises(runstream.RunNotFound):
         client.result("never-started", timeout=60)
+    queries = Counter(
+        r["run_id"] for n, r, _ in read_topic(kafka_bootstrap, f"{ns}.commands") if n == "Query"
+    )
+    assert queries == {"never-started": 1}
     assert client.get_run("rejected").status == "rejected"
 
 
@@ -199,17 +214,47 @@ def test_bad_input_is_dead_lettered_and_never_blocks(engine, kafka_bootstrap, ns
 
 
 def test_lifecycle_stream_tells_the_whole_story(engine, kafka_bootstrap, ns):
+    """Every lifecycle event of the run, in order, is the one its journal's facts tell
+    (`engine.lifecycle.event` of each fact, on the state the facts before it make), with
+    nothing missing, repeated or added; and the story is the one the workflow lived."""
     client = engine.client
     client.start("sleepy", 0.2, run_id="story")
     assert client.result("story", timeout=60) == "rested"
-    events = [
-        r for _, r, _ in read_topic(kafka_bootstrap, f"{ns}.lifecycle") if r["run_id"] == "story"
+    codec = Codec.default()
+
+    def story(topic: str) -> list[Any]:
+        return [
+            codec.decode(m.value())
+            for _, r, m in read_topic(kafka_bootstrap, f"{ns}.{topic}")
+            if r["run_id"] == "story"
+        ]
+
+    facts, events = story("journal"), story("lifecycle")
+    assert [type(f).__name__ for f in facts] == [
+        "RunStarted",
+        *["StepStarted", "StepCompleted", "TimerScheduled", "TimerFired"],
+        *["StepStarted", "StepCompleted"] * 2,
+        "RunCompleted",
     ]
-    types = [e["type"] for e in events]
-    assert types[0] == "run.started" and types[-1] == "run.completed"
-    assert types.count("step.completed") == 3 and "run.suspended" in types
-    assert events[-1]["duration_ms"] >= 200
-    assert all(e["workflow"] == "sleepy" for e in events)
+    state, told = RunState("story"), []
+    for fact in facts:
+        apply(state, fact)
+        told.append(lifecycle.event(fact, state))
+    assert events == [e for e in told if e is not None]
+    assert [(e.type, e.seq, e.status) for e in events] == [
+        ("run.started", None, "running"),
+        ("step.started", 1, "running"),
+        ("step.completed", 1, "running"),
+        ("run.suspended", 2, "running"),
+        ("step.started", 3, "running"),
+        ("step.completed", 3, "running"),
+        ("step.started", 4, "running"),
+        ("step.completed", 4, "running"),
+        ("run.completed", None, "completed"),
+    ]
+    assert all(e.workflow == "sleepy" for e in events)
+    assert events[-1].duration_ms >= 200 and payload.loads(events[-1].output) == "rested"
+    assert [e.at_ms for e in events] == sorted(e.at_ms for e in events)
 
 
 def _greeter(version: str):

@@ -112,6 +112,10 @@ def make_app(ns: str, bootstrap: str | None, bodies: Bodies) -> runstream.App:
         _log(f"{tag} {os.getpid()} end")
         return tag
 
+    @app.step(group=GROUP, name="quotes")
+    def quotes(text: str) -> str:
+        raise ValueError(f"cannot take {text}")
+
     @app.step(group="other", name="elsewhere")
     def elsewhere(x: int) -> int:
         return x
@@ -278,7 +282,7 @@ def test_unknown_steps_and_invalid_arguments_fail_for_good_with_a_clear_error(
     for t in tasks:
         r = got[t.attempt_id]
         assert (r["ok"], r["retryable"], payload.loads(r["output"])) == (False, False, None)
-    registered = "add, beats, big_beat, greet, logged, slow"
+    registered = "add, beats, big_beat, greet, logged, quotes, slow"
     assert got[unknown.attempt_id]["error"] == (
         f"task group 'g' has no step 'charge' in this worker (registered: {registered})"
     )
@@ -333,6 +337,26 @@ def test_an_undecodable_record_goes_to_the_dlq_and_the_next_task_runs(kafka_boot
     assert (letter["key"], letter["value"]) == (b"run-x", b"\xc3\x01 not avro")
     assert "undecodable task record" in letter["reason"]
     p, last = placed[1]
+    wait_for(lambda: committed(kafka_bootstrap, ns)[p] == last + 1, what="the commit")
+
+
+def test_an_error_quoting_a_lone_surrogate_is_answered_cleaned_and_committed_past(
+    kafka_bootstrap, ns, setup
+):
+    """Issue 19, defect 2: the result's error text could not be encoded, so the task was
+    never answered and its partition's commit point stuck at it."""
+    _, _, serve = setup
+    cut = dataclasses.replace(_task("same-run", "quotes", []), args=b'["A\\ud83d"]')
+    after = _task("same-run", "add", [1, 2], seq=2)
+    placed = produce(kafka_bootstrap, ns, [cut, after])
+    serve()
+    got = results_for(kafka_bootstrap, ns, 2)
+    r = got[cut.attempt_id]
+    assert (r["ok"], r["retryable"], r["error"]) == (False, True, "ValueError: cannot take A\ufffd")
+    assert "\ufffd" in r["traceback"]
+    assert payload.loads(got[after.attempt_id]["output"]) == 3
+    p, last = placed[1]
+    assert placed[0][0] == p  # one partition: the commit must pass the first task
     wait_for(lambda: committed(kafka_bootstrap, ns)[p] == last + 1, what="the commit")
 
 

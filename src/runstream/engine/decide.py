@@ -9,7 +9,9 @@ Each consumed record is checked in this order, and the first problem decides:
 5. its id is of the kind its command is for (`kind_problem`): a run's, or a limit's, an
    event entity's (exactly its event's) or a schedule's (else ``bad-run-id``);
 6. its rule accepts it (else the rule's reason: ``unknown-workflow``, ``invalid-input``,
-   ``unknown-run``, ``unexpected-step-result``).
+   ``unknown-run``, ``unexpected-step-result``);
+7. what it decided can be encoded (else ``unencodable``: a name or key the workflow made
+   of text UTF-8 cannot carry; free texts are cleaned where facts are made, `Limits.clip`).
 
 A refused command goes to the dead-letter topic with its code and reason (a refused
 start also becomes a RunRejected fact, so ``result()`` can say why). A decision that
@@ -33,7 +35,7 @@ from runstream.engine.rules.runs import run_info
 from runstream.engine.state import RunState, RunView, State
 from runstream.engine.work import Batch, Forward, LogRecord, Waiter, Work
 from runstream.engine.workflow import Registry
-from runstream.errors import DecodeError
+from runstream.errors import DecodeError, SchemaError
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
     ENTITY_PREFIX,
@@ -163,19 +165,37 @@ class Decider:
         st = b.state(p, run_id)
         mark = b.effects.mark()
         try:
-            decision(st)
+            self._encoded(b, st, decision)
         except Rejected as exc:
             st = self._undo(b, run_id, mark)
-            self._dead_letter(b, cause, exc.code, exc.reason, run_id, p)
+            reason = self.limits.clip(exc.reason)
+            self._dead_letter(b, cause, exc.code, reason, run_id, p)
             if isinstance(cmd, StartRun) and isinstance(st, RunState) and not st.exists:
-                rejected = RunRejected(run_id, b.now, cmd.workflow[:1024], exc.code, exc.reason)
+                workflow = self.limits.clip(cmd.workflow[:1024])  # a foreign name: cleaned
+                rejected = RunRejected(run_id, b.now, workflow, exc.code, reason)
                 emit(b, st, rejected)
-                tell_refused_parent(b, cmd, self.limits.clip(f"{exc.code}: {exc.reason}"))
+                tell_refused_parent(b, cmd, self.limits.clip(f"{exc.code}: {reason}"))
         except Exception as exc:  # a bug must not block the partition: set the cause aside
             log.exception("decision failed for run %s", run_id)
             self._undo(b, run_id, mark)
             reason = self.limits.clip(f"internal error: {exc!r}")
             self._dead_letter(b, cause, Reason.INTERNAL, reason, run_id, p)
+
+    def _encoded(self, b: Batch, st: State, decision: Callable[[State], None]) -> None:
+        """Run the decision and encode what it produced (the outbox produces these bytes):
+        text UTF-8 cannot carry (a lone surrogate) in it refuses it, so that what a user or
+        a foreign producer sent never makes the shell fail. Free texts are cleaned before
+        (`Limits.clip`); this catches the ids and names a workflow made of such text."""
+        try:
+            decision(st)
+        except UnicodeEncodeError as exc:  # such an id checked (its size in UTF-8, ...)
+            text = f"{exc.object!r:.300}" if isinstance(exc.object, str) else "a text"
+            why = f"{text} holds text UTF-8 cannot carry (a lone surrogate)"
+            raise Rejected(Reason.UNENCODABLE, f"the decision cannot be recorded: {why}") from exc
+        try:
+            b.effects.encode(self.codec.encode)
+        except SchemaError as exc:
+            raise Rejected(Reason.UNENCODABLE, f"the decision cannot be recorded: {exc}") from exc
 
     def _undo(self, b: Batch, run_id: str, mark: tuple[int, ...]) -> State:
         """Drop the effects since ``mark``, and rebuild the run's working copy from its

@@ -5,7 +5,8 @@ larger than the producer's ``message.max.bytes``); inside a transaction that ref
 would abort every batch that carries it. So the core never produces one: each payload
 a user controls (a workflow input, a signal, a step or run output, a reply) must fit in
 `Limits.payload`, the largest record less a fixed allowance for the envelope, and every
-free text that goes with it (errors, tracebacks, reasons) is clipped to `Limits.text`.
+free text that goes with it (errors, tracebacks, reasons) is clipped to `Limits.text`,
+and made encodable (`clean`): Avro strings are UTF-8, which has no lone surrogates.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ class Limits:
         return self.max_record - ENVELOPE
 
     def clip(self, text: str) -> str:
-        """``text`` cut to `text` characters, saying how much was cut."""
+        """``text`` cut to `text` characters, saying how much was cut, and `clean`."""
+        text = clean(text)
         if len(text) <= self.text:
             return text
         cut = len(text) - self.text
@@ -49,3 +51,11 @@ class Limits:
             f"{what} is {size:,} bytes; the limit is {self.payload:,} "
             f"(the largest Kafka record, {self.max_record:,}, less {ENVELOPE:,} for the envelope)"
         )
+
+
+def clean(text: str) -> str:
+    """``text`` as UTF-8 can carry it: lone surrogates (half an emoji cut by a client, a
+    ``"\\ud83d"`` JSON escape) become U+FFFD, and a pair of halves becomes its character."""
+    if text.isascii():  # the common case, and a few times cheaper than a trial encode
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")

@@ -14,7 +14,15 @@ from typing import Any
 
 from runstream.engine.state import State
 from runstream.engine.workflow import StepDef
-from runstream.schemas.records import Command, DeadLetter, Fact, LifecycleEvent, RunInfo, StepTask
+from runstream.schemas.records import (
+    Command,
+    DeadLetter,
+    Fact,
+    LifecycleEvent,
+    Record,
+    RunInfo,
+    StepTask,
+)
 
 #: One attempt of one step of a run: (run id, seq, attempt).
 Attempt = tuple[str, int, int]
@@ -135,6 +143,18 @@ class Forward:
 
 
 @dataclass(slots=True)
+class Encoded:
+    """The bytes of an `Effects`' records, in their order, as far as encoded."""
+
+    facts: list[bytes] = field(default_factory=list)
+    lifecycle: list[bytes] = field(default_factory=list)
+    tasks: list[bytes] = field(default_factory=list)
+    commands: list[bytes] = field(default_factory=list)
+    replies: list[bytes] = field(default_factory=list)
+    dead_letters: list[bytes] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class Effects:
     """Everything a batch of decisions produced, in order."""
 
@@ -147,8 +167,21 @@ class Effects:
     waiters: list[Waiter] = field(default_factory=list)  # questions to answer at the end
     dead_letters: list[DeadLetter] = field(default_factory=list)
     forwards: list[Forward] = field(default_factory=list)
+    encoded: Encoded = field(default_factory=Encoded)
+
+    def encode(self, encode: Callable[[Record], bytes]) -> None:
+        """Encode the records not encoded yet into `encoded` (the decision guard encodes
+        what each decision produced, so none is unencodable; the outbox, the rest)."""
+        e = self.encoded
+        e.facts += map(encode, self.facts[len(e.facts) :])
+        e.lifecycle += map(encode, self.lifecycle[len(e.lifecycle) :])
+        e.tasks += map(encode, self.tasks[len(e.tasks) :])
+        e.commands += map(encode, self.commands[len(e.commands) :])
+        e.replies += (encode(info) for _, info in self.replies[len(e.replies) :])
+        e.dead_letters += map(encode, self.dead_letters[len(e.dead_letters) :])
 
     def _lists(self) -> tuple[list[Any], ...]:
+        e = self.encoded
         return (
             self.facts,
             self.lifecycle,
@@ -159,6 +192,12 @@ class Effects:
             self.waiters,
             self.dead_letters,
             self.forwards,
+            e.facts,
+            e.lifecycle,
+            e.tasks,
+            e.commands,
+            e.replies,
+            e.dead_letters,
         )
 
     def mark(self) -> tuple[int, ...]:

@@ -322,6 +322,9 @@ def _explain(s: _Schema, record: object, exc: Exception) -> str:
     missing = [f["name"] for f in s.raw["fields"] if f["name"] not in record and "default" not in f]
     if missing:
         return f"missing field(s) {', '.join(missing)}"
+    if isinstance(exc, UnicodeEncodeError):
+        fields = ", ".join(str(name) for name, value in record.items() if not _utf8(value))
+        return f"field(s) {fields} hold text UTF-8 cannot carry (a lone surrogate): {exc}"
     try:
         validate(record, s.parsed, raise_errors=True)
     except Exception as vexc:
@@ -329,6 +332,21 @@ def _explain(s: _Schema, record: object, exc: Exception) -> str:
         if errors:
             return "; ".join(str(e) for e in errors)
     return str(exc)
+
+
+def _utf8(value: object) -> bool:
+    """Error path only: whether UTF-8 can carry the strings in ``value``."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, Mapping):
+        return all(_utf8(k) and _utf8(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return all(_utf8(v) for v in value)
+    return True
 
 
 def _check_resolvable(writer: _Schema, reader: _Schema) -> None:

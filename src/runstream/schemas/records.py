@@ -67,6 +67,7 @@ class Reason(StrEnum):
     UNEXPECTED_RESULT = "unexpected-step-result"
     RUN_DEAD = "run-dead"
     NOT_RETRYABLE = "not-retryable"
+    UNENCODABLE = "unencodable"
     INTERNAL = "internal-error"
 
 

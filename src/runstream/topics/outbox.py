@@ -36,26 +36,28 @@ class Out(NamedTuple):
 def outbox(
     b: Batch, topics: Topics, codec: Codec, partitions: int
 ) -> tuple[list[Out], dict[str, list[bytes]]]:
-    """The records of ``b``, and each run's facts as encoded (the projection stores them)."""
-    fx, encode = b.effects, codec.encode
+    """The records of ``b``, and each run's facts as encoded (the projection stores them).
+    The decision guard encoded most of them already (`engine.decide`): each is encoded once."""
+    fx = b.effects
+    fx.encode(codec.encode)  # what no decision produced: the replies to waiters, ...
+    wire = fx.encoded
     out: list[Out] = []
     encoded: dict[str, list[bytes]] = {}
-    for fact in fx.facts:
-        data = encode(fact)
+    for fact, data in zip(fx.facts, wire.facts, strict=True):
         encoded.setdefault(fact.run_id, []).append(data)
         out.append(Out(topics.journal, b.partition_of(fact.run_id), fact.run_id.encode(), data))
-    for task in fx.tasks:  # the partitioner spreads a group's tasks over its workers
-        out.append(Out(topics.tasks(task.group), None, task.run_id.encode(), encode(task)))
-    for ev in fx.lifecycle:
-        out.append(Out(topics.lifecycle, b.partition_of(ev.run_id), ev.run_id.encode(), encode(ev)))
-    for cmd in fx.commands:
+    for task, data in zip(fx.tasks, wire.tasks, strict=True):  # spread over the group's workers
+        out.append(Out(topics.tasks(task.group), None, task.run_id.encode(), data))
+    for ev, data in zip(fx.lifecycle, wire.lifecycle, strict=True):
+        out.append(Out(topics.lifecycle, b.partition_of(ev.run_id), ev.run_id.encode(), data))
+    for cmd, data in zip(fx.commands, wire.commands, strict=True):
         key = cmd.run_id.encode()
-        out.append(Out(topics.commands, partition_for(key, partitions), key, encode(cmd)))
-    for reply_to, info in fx.replies:
-        out.append(Out(topics.replies, None, reply_to.encode(), encode(info)))
-    for letter in fx.dead_letters:
+        out.append(Out(topics.commands, partition_for(key, partitions), key, data))
+    for (reply_to, _), data in zip(fx.replies, wire.replies, strict=True):
+        out.append(Out(topics.replies, None, reply_to.encode(), data))
+    for letter, data in zip(fx.dead_letters, wire.dead_letters, strict=True):
         key = letter.key if letter.key is not None else (letter.run_id or "").encode()
-        out.append(Out(topics.dlq, None, key, encode(letter)))
+        out.append(Out(topics.dlq, None, key, data))
     for fw in fx.forwards:
         out.append(Out(topics.commands, fw.partition, fw.key, fw.value))
     return out, encoded
