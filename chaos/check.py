@@ -5,8 +5,9 @@ runs' outputs, the journal, and the step log every body appended to.
 - every step the journal recorded ran, and none of its bodies started after the fact that
   recorded it (a committed step never runs again);
 - a body ran more than once only where at-least-once allows it: the process of an earlier
-  execution was killed or stopped while it ran, or lost the run's partition, or the engine
-  failed that attempt (a remote attempt timed out, a retry);
+  execution was killed or stopped between its start and the recorded execution's commit,
+  or lost the run's partition, or the engine failed that attempt (a remote attempt timed
+  out, a retry);
 - at most `app.GATE` bodies of the limited step ran at once (executions of a process that
   was killed or stopped meanwhile are zombies the limit cannot stop, and are left out);
 - each run received its event exactly once, the one published for it.
@@ -111,7 +112,7 @@ def steps(
             if other == execution:
                 continue
             pid = int(other.split("-")[0])
-            if faulted_during(pid, times[0], times[-1] if len(times) > 1 else at):
+            if faulted_during(pid, times[0], at):  # before its result could be recorded
                 again["its process was killed or stopped"] += 1
             elif (str(pid), partition_of[run]) in lost:
                 again["its process lost the partition"] += 1
