@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from runstream.errors import (
         CommandNotDelivered,
         InvalidInput,
+        KafkaNotAuthorized,
         KafkaUnavailable,
         NonDeterminismError,
         PayloadTooLarge,
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 _ERRORS = (
     "CommandNotDelivered",
     "InvalidInput",
+    "KafkaNotAuthorized",
     "KafkaUnavailable",
     "NonDeterminismError",
     "PayloadTooLarge",
@@ -81,6 +83,7 @@ __all__ = [
     "CommandNotDelivered",
     "Context",
     "InvalidInput",
+    "KafkaNotAuthorized",
     "KafkaUnavailable",
     "NonDeterminismError",
     "PayloadTooLarge",

@@ -96,6 +96,18 @@ class KafkaUnavailable(RunstreamError):
         self.bootstrap, self.tried, self.cause = bootstrap, tried, cause
 
 
+class KafkaNotAuthorized(RunstreamError):
+    """Kafka knows this principal but its ACLs do not let it at the namespace's topics.
+    Waiting does not help: the process ends, saying which principal and topic."""
+
+    def __init__(self, bootstrap: str, principal: str, what: str, cause: str) -> None:
+        super().__init__(
+            f"Kafka at {bootstrap} refused {principal} access to {what} ({cause}); grant "
+            "it the ACLs of its role (README: Security, ACLs per role)"
+        )
+        self.bootstrap, self.principal, self.what = bootstrap, principal, what
+
+
 class KafkaFatal(RunstreamError):
     """Kafka refused this client for good (e.g. a newer instance with the same id fenced
     it); the process should end and, supervised, start again."""

@@ -44,6 +44,7 @@ from runstream.errors import (
 from runstream.settings import Settings
 from runstream.topics.admin import (
     Config,
+    check_authorized,
     check_copartitioned,
     client_config,
     ensure_topics,
@@ -473,7 +474,7 @@ class CommandSender:
     """The client's producer of commands (idempotent, Kafka's partitioner)."""
 
     def __init__(self, config: Config, send_timeout: float) -> None:
-        self.bootstrap = str(config["bootstrap.servers"])
+        self.bootstrap, self._config = str(config["bootstrap.servers"]), config
         self._producer = Producer(
             {
                 **config,
@@ -497,6 +498,7 @@ class CommandSender:
                 f"no broker answered within {timeout:g}s",
                 last_error() or str(exc.args[0]),
             ) from None
+        check_authorized(self._config, f"topic {topic}", md and md.error)
         if md is None or md.error is not None or not md.partitions:
             return None
         return len(md.partitions)
