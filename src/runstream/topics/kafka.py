@@ -284,10 +284,12 @@ class KafkaLog:
         """Fence older instances with our transactional id, then join the group.
         False if a stop was requested meanwhile."""
         deadline = time.monotonic() + 60
+        waiting = list(self._producers)
         while not stopping():
             try:
-                for producer in self._producers:
-                    producer.init_transactions(1)  # short steps: stay stoppable
+                while waiting:
+                    waiting[0].init_transactions(1)  # short steps: stay stoppable
+                    waiting.pop(0)  # done: initialising it again would be a _STATE error
                 break
             except KafkaException as exc:
                 err = exc.args[0]
