@@ -18,6 +18,7 @@ def test_public_names_are_pinned():
         "CommandNotDelivered",
         "Context",
         "InvalidInput",
+        "KafkaNotAuthorized",
         "KafkaUnavailable",
         "NonDeterminismError",
         "PayloadTooLarge",
