@@ -219,8 +219,7 @@ def test_a_principal_without_the_namespace_acls_is_refused_with_a_clear_error(
             target.run()  # ends at once: waiting would never make the ACLs come
 
     flags = [f"--kafka-config={k}={v}" for k, v in secured.client_config("stranger").items()]
-    result = CliRunner().invoke(
-        cli, ["get", "r1", "-n", ns, "--bootstrap", secured.bootstrap, *flags]
-    )
-    assert result.exit_code == 1
-    assert result.stderr.startswith("KafkaNotAuthorized: ") and "stranger" in result.stderr
+    for command in (["get", "r1", "-n", ns], ["audit", ns]):  # a client; a whole-topic reader
+        result = CliRunner().invoke(cli, [*command, "--bootstrap", secured.bootstrap, *flags])
+        assert result.exit_code == 1, result.output
+        assert result.stderr.startswith("KafkaNotAuthorized: ") and "stranger" in result.stderr

@@ -613,6 +613,7 @@ def read_to_end(
 
     Raises:
         KafkaUnavailable: no broker answers.
+        KafkaNotAuthorized: the ACLs hide the topic from this client.
         LookupError: the topic does not exist.
         TimeoutError: no record and no end of partition for ``idle_timeout`` seconds.
     """
@@ -635,6 +636,7 @@ def read_to_end(
             raise KafkaUnavailable(
                 str(config["bootstrap.servers"]), "listing topics", last_error() or str(exc.args[0])
             ) from None
+        check_authorized(config, f"topic {topic}", md and md.error)
         if md is None or md.error is not None or not md.partitions:
             raise LookupError(f"topic {topic!r} does not exist")
         parts = sorted(
