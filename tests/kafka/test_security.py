@@ -5,6 +5,7 @@ from the README's table, so the README says what works."""
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import threading
 import time
@@ -223,3 +224,21 @@ def test_a_principal_without_the_namespace_acls_is_refused_with_a_clear_error(
         result = CliRunner().invoke(cli, [*command, "--bootstrap", secured.bootstrap, *flags])
         assert result.exit_code == 1, result.output
         assert result.stderr.startswith("KafkaNotAuthorized: ") and "stranger" in result.stderr
+
+
+def test_kafka_up_sasl_ssl_prints_an_export_line_the_cli_connects_with(tmp_path, monkeypatch):
+    monkeypatch.setenv("RUNSTREAM_JAR_CACHE_DIR", str(localkafka.jar_cache_dir()))
+    monkeypatch.setenv("RUNSTREAM_CACHE_DIR", str(tmp_path / "cache"))
+    runner = CliRunner()
+    try:
+        up = runner.invoke(cli, ["kafka", "up", "--security", "sasl_ssl"])
+        assert up.exit_code == 0, up.output
+        [export] = [ln.strip() for ln in up.output.splitlines() if ln.strip().startswith("export ")]
+        env = dict(item.split("=", 1) for item in shlex.split(export)[1:])
+        assert env["RUNSTREAM_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
+        ns = f"t{tmp_path.name[-8:]}"
+        made = runner.invoke(cli, ["topics", "create", ns, "--partitions", "2"], env=env)
+        assert made.exit_code == 0, made.output
+        assert f"{ns}.commands" in made.output
+    finally:
+        localkafka.down()
