@@ -21,11 +21,7 @@ from typing import Any
 
 from pydantic import Field
 from pydantic.fields import FieldInfo
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 KAFKA_KEY_PREFIX = "RUNSTREAM_KAFKA_"
