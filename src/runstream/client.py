@@ -398,7 +398,8 @@ class Client:
         quick answer cannot land before the position is fixed and be missed)."""
         with self._mutex:
             if self._listener is None:
-                listener = Listener(self._config, self.client_id)
+                # a group under the namespace: the ACLs of a Client's principal cover it
+                listener = Listener(self._config, f"{self.namespace}.{self.client_id}")
                 topic = self.topics.replies
                 p = partition_for(self.client_id.encode(), self._reply_partitions)
                 try:

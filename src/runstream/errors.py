@@ -12,6 +12,7 @@ RunstreamError
  ├─ RunNotFound
  ├─ KafkaUnavailable         no broker answered at the bootstrap address in time
  ├─ KafkaFatal               Kafka refused the instance for good (fenced, misconfigured)
+ ├─ KafkaNotAuthorized       the principal lacks the ACLs of its role for the namespace
  ├─ CommandNotDelivered      Kafka refused a command the client produced
  ├─ PayloadTooLarge          a command larger than Kafka takes
  ├─ RunFailed                client.result() of a failed or dead run (.code says why)
@@ -98,6 +99,18 @@ class KafkaUnavailable(RunstreamError):
             "settings"
         )
         self.bootstrap, self.tried, self.cause = bootstrap, tried, cause
+
+
+class KafkaNotAuthorized(RunstreamError):
+    """Kafka knows this principal but its ACLs do not let it at the namespace's topics.
+    Waiting does not help: the process ends, saying which principal and topic."""
+
+    def __init__(self, bootstrap: str, principal: str, what: str, cause: str) -> None:
+        super().__init__(
+            f"Kafka at {bootstrap} refused {principal} access to {what} ({cause}); grant "
+            "it the ACLs of its role (README: Security, ACLs per role)"
+        )
+        self.bootstrap, self.principal, self.what = bootstrap, principal, what
 
 
 class KafkaFatal(RunstreamError):

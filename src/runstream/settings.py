@@ -2,9 +2,11 @@
 
 Each field can be set in code (``Settings(batch_size=200)``), by environment variable
 (``RUNSTREAM_BATCH_SIZE=200``; nested or dict fields as JSON, e.g.
-``RUNSTREAM_KAFKA='{"security.protocol": "SSL"}'``) and, for the engine, on the
-``runstream worker`` command line (``--batch-size 200``). The core never sees
-`Settings`: the worker and the client hand it plain values.
+``RUNSTREAM_KAFKA='{"security.protocol": "SSL"}'``; one librdkafka key of ``kafka`` also
+as ``RUNSTREAM_KAFKA_<KEY>``, its dots as underscores: ``RUNSTREAM_KAFKA_SASL_USERNAME=ann``
+is ``sasl.username``, and wins over the same key in ``RUNSTREAM_KAFKA``) and, for the
+engine, on the ``runstream worker`` command line (``--batch-size 200``). The core never
+sees `Settings`: the worker and the client hand it plain values.
 
 Where Kafka is, first that is set: ``bootstrap_servers`` (``RUNSTREAM_BOOTSTRAP_SERVERS``),
 ``KAFKA_BOOTSTRAP_SERVERS``, the broker ``runstream kafka up`` started, ``127.0.0.1:9092``.
@@ -18,9 +20,33 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+KAFKA_KEY_PREFIX = "RUNSTREAM_KAFKA_"
+
+
+def kafka_key_env(key: str) -> str:
+    """The environment variable of one librdkafka setting: sasl.username ->
+    RUNSTREAM_KAFKA_SASL_USERNAME (librdkafka's keys are lower case with dots only)."""
+    return KAFKA_KEY_PREFIX + key.upper().replace(".", "_")
+
+
+class _KafkaKeys(PydanticBaseSettingsSource):
+    """``kafka`` from one variable per key (RUNSTREAM_KAFKA_SASL_USERNAME=ann): exportable
+    from a shell, unlike RUNSTREAM_KAFKA__sasl.username."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ gives the whole value
+
+    def __call__(self) -> dict[str, Any]:
+        keys = {
+            name[len(KAFKA_KEY_PREFIX) :].lower().replace("_", "."): value
+            for name, value in os.environ.items()
+            if name.startswith(KAFKA_KEY_PREFIX) and not name.startswith(KAFKA_KEY_PREFIX + "_")
+        }
+        return {"kafka": keys} if keys else {}
 
 
 class Settings(BaseSettings):
@@ -106,6 +132,19 @@ class Settings(BaseSettings):
         description="End the process when a Kafka call or workflow code hangs, so the "
         "supervisor restarts it (turn off only for engines on a thread of a bigger program).",
     )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Earlier sources win; dicts (``kafka``) are merged key by key.
+        kafka_keys = _KafkaKeys(settings_cls)
+        return init_settings, kafka_keys, env_settings, dotenv_settings, file_secret_settings
 
     def bootstrap(self) -> str:
         """Where Kafka is (see the module docstring for the order)."""

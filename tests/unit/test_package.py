@@ -24,6 +24,7 @@ def test_public_names_are_pinned():
         "Failure",
         "InvalidInput",
         "KafkaFatal",
+        "KafkaNotAuthorized",
         "KafkaSetupError",
         "KafkaUnavailable",
         "NonDeterminismError",

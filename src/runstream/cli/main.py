@@ -91,7 +91,8 @@ def worker(target: str, supervise: bool, **values: Any) -> None:
     """Run an engine instance for the App at MODULE:APP until SIGTERM or SIGINT.
 
     Every option can also be set by environment variable: --batch-size is
-    RUNSTREAM_BATCH_SIZE, --kafka-config is RUNSTREAM_KAFKA (JSON).
+    RUNSTREAM_BATCH_SIZE, --kafka-config security.protocol=SASL_SSL is
+    RUNSTREAM_KAFKA_SECURITY_PROTOCOL=SASL_SSL.
     """
     settings = options.engine_settings(values)
     if supervise:  # become the supervisor: a lean process that runs the engine below it

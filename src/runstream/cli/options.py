@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any, TypeVar
 import click
 
 from runstream.errors import TopicError
-from runstream.settings import Settings
+from runstream.settings import Settings, kafka_key_env
 from runstream.topics.admin import client_config, wait_for_cluster
 from runstream.topics.kafka import read_to_end
 
@@ -23,7 +24,45 @@ BOOTSTRAP_HELP = (
     "127.0.0.1:9092)."
 )
 
-bootstrap = click.option("--bootstrap", default=None, help=BOOTSTRAP_HELP)
+KAFKA_CONFIG_HELP = (
+    "An extra librdkafka setting (repeatable), e.g. security.protocol=SASL_SSL; the same "
+    "as $RUNSTREAM_KAFKA_SECURITY_PROTOCOL (see Settings)."
+)
+
+
+def _kafka_config(ctx: click.Context, _param: click.Parameter, items: tuple[str, ...]) -> None:
+    """--kafka-config KEY=VALUE: exported as RUNSTREAM_KAFKA_<KEY> while the command runs, so
+    every Settings() of it (clients, readers, engines) sees it; restored when it ends."""
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--kafka-config")
+        name = kafka_key_env(key.strip())
+        old = os.environ.get(name)
+        ctx.call_on_close(lambda n=name, o=old: _restore(n, o))
+        os.environ[name] = value.strip()
+
+
+def _restore(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+def bootstrap(fn: F) -> F:
+    """``--bootstrap`` (the ``bootstrap`` argument) and ``--kafka-config KEY=VALUE``."""
+    fn = click.option(
+        "--kafka-config",
+        multiple=True,
+        metavar="KEY=VALUE",
+        expose_value=False,
+        callback=_kafka_config,
+        help=KAFKA_CONFIG_HELP,
+    )(fn)
+    return click.option("--bootstrap", default=None, help=BOOTSTRAP_HELP)(fn)
+
+
 namespace = click.option(
     "-n",
     "--namespace",
@@ -54,8 +93,8 @@ _RENAMED = {"instance_id": "instance", "step_concurrency": "concurrency"}
 
 
 def engine_options(fn: F) -> F:
-    """One ``--option`` per engine setting (unset ones come from the environment), plus
-    ``--kafka-config KEY=VALUE`` for extra librdkafka settings."""
+    """One ``--option`` per engine setting (unset ones come from the environment);
+    ``--kafka-config`` comes with `bootstrap`."""
     for name in reversed(ENGINE_FIELDS):
         field = Settings.model_fields[name]
         flag = "--" + _RENAMED.get(name, name).replace("_", "-")
@@ -68,28 +107,14 @@ def engine_options(fn: F) -> F:
         if kind == int | None:
             ptype = int
         fn = click.option(flag, name, type=ptype, default=None, help=field.description)(fn)
-    return click.option(
-        "--kafka-config",
-        "kafka",
-        multiple=True,
-        metavar="KEY=VALUE",
-        help="An extra librdkafka setting (repeatable), e.g. security.protocol=SSL.",
-    )(fn)
+    return fn
 
 
 def engine_settings(values: dict[str, Any]) -> Settings:
-    """Settings from the environment, overridden by the options given."""
+    """Settings from the environment (--kafka-config included), overridden by the options
+    given."""
     given = {k: v for k, v in values.items() if k in ENGINE_FIELDS and v is not None}
-    extra = {}
-    for item in values.get("kafka") or ():
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--kafka-config")
-        extra[key.strip()] = value.strip()
-    settings = Settings(**given)
-    if extra:
-        settings = settings.model_copy(update={"kafka": {**settings.kafka, **extra}})
-    return settings.with_bootstrap(values.get("bootstrap"))
+    return Settings(**given).with_bootstrap(values.get("bootstrap"))
 
 
 def read_topic(settings: Settings, topic: str, partitions: list[int] | None) -> Iterator[list[Any]]:

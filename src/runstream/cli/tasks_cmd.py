@@ -40,13 +40,6 @@ def tasks() -> None:
     help="Seconds the running bodies get to finish at a stop (a second signal does not wait).",
 )
 @options.bootstrap
-@click.option(
-    "--kafka-config",
-    "kafka",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="An extra librdkafka setting (repeatable), e.g. security.protocol=SSL.",
-)
 def serve(
     target: str, group: str, concurrency: int, prefetch: int, grace: float, **values: Any
 ) -> None:

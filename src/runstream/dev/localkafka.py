@@ -15,6 +15,13 @@ but keep the jars, so they never download them twice.
 
 Both the single node and the 3-node cluster use a static KRaft quorum
 (`controller.quorum.voters`); every node is broker and controller at once.
+
+With ``security="sasl_ssl"`` the client listener speaks SASL_SSL (SCRAM-SHA-512 over TLS,
+the certificate signed by a throwaway CA made with `keytool` at start, in <work>/tls/) and
+ACLs are on (StandardAuthorizer). The SCRAM users are written at format time; `admin` is a
+super user. The brokers and controllers talk PLAINTEXT on loopback-only listeners, as
+User:ANONYMOUS, which is a super user too: fine for a development broker, not for a
+shared host.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import contextlib
 import fcntl
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -46,6 +54,9 @@ DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 20.0
 MARKER = ".complete"
+SECURITY = ("plaintext", "sasl_ssl")
+ADMIN = "admin"
+SCRAM = "SCRAM-SHA-512"
 
 JVM_OPTS = [
     "-Xms512m",
@@ -250,6 +261,9 @@ class LocalKafka:
 
     `port` fixes node 0's client port (others are free ports). `overrides` adds or replaces
     server.properties keys on every node. Nodes are indexed 0..nodes-1 (node.id = index + 1).
+    `security="sasl_ssl"`: see the module docstring; `users` (name -> password) are SCRAM
+    users besides `admin`, whose password is made up; `client_config(user)` is what a
+    client needs.
     """
 
     def __init__(
@@ -261,9 +275,13 @@ class LocalKafka:
         overrides: dict[str, str] | None = None,
         die_with_parent: bool = False,
         progress: Progress = _quiet,
+        security: str = "plaintext",
+        users: dict[str, str] | None = None,
     ) -> None:
         if nodes not in (1, 3):
             raise ConfigError(f"nodes must be 1 or 3, not {nodes}")
+        if security not in SECURITY:
+            raise ConfigError(f"security must be one of {', '.join(SECURITY)}, not {security}")
         self.work_dir = Path(work_dir)
         self.nodes = nodes
         self.libs = Path(libs) if libs else libs_dir()
@@ -274,9 +292,13 @@ class LocalKafka:
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * nodes
         self.client_ports: list[int] = []
         self.controller_ports: list[int] = []
+        self.internal_ports: list[int] = []  # sasl_ssl only: the brokers' own listener
+        self.security = security
+        self.users = {ADMIN: secrets.token_urlsafe(12), **(users or {})} if self.secured else {}
         self.bootstrap = ""
         self.startup_seconds = 0.0
         self._java_path = "java"
+        self._store_password = ""
 
     # -- paths and config
 
@@ -289,6 +311,32 @@ class LocalKafka:
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs if p is not None]
+
+    @property
+    def secured(self) -> bool:
+        return self.security == "sasl_ssl"
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.work_dir / "tls"
+
+    @property
+    def ca_file(self) -> Path:
+        """The CA's certificate (PEM): librdkafka's ``ssl.ca.location``."""
+        return self.tls_dir / "ca.pem"
+
+    def client_config(self, user: str = ADMIN) -> dict[str, str]:
+        """The librdkafka settings a client of ``user`` needs beside the bootstrap
+        (none for a plaintext broker)."""
+        if not self.secured:
+            return {}
+        return {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanisms": SCRAM,
+            "sasl.username": user,
+            "sasl.password": self.users[user],
+            "ssl.ca.location": str(self.ca_file),
+        }
 
     def _properties(self, i: int) -> dict[str, str]:
         three = self.nodes == 3
@@ -331,8 +379,61 @@ class LocalKafka:
             # default 128 MiB, allocated on the heap
             "log.cleaner.dedupe.buffer.size": str(32 * 1024 * 1024),
         }
+        if self.secured:
+            props.update(self._secured_properties(i))
         props.update(self.overrides)
         return props
+
+    def _secured_properties(self, i: int) -> dict[str, str]:
+        client, internal = self.client_ports[i], self.internal_ports[i]
+        return {
+            "listeners": f"SASL_SSL://127.0.0.1:{client},INTERNAL://127.0.0.1:{internal},"
+            f"CONTROLLER://127.0.0.1:{self.controller_ports[i]}",
+            "advertised.listeners": f"SASL_SSL://127.0.0.1:{client},"
+            f"INTERNAL://127.0.0.1:{internal}",
+            "inter.broker.listener.name": "INTERNAL",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,INTERNAL:PLAINTEXT,"
+            "SASL_SSL:SASL_SSL",
+            "sasl.enabled.mechanisms": SCRAM,
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
+            "ssl.keystore.type": "PKCS12",
+            "ssl.keystore.location": str(self.tls_dir / "broker.p12"),
+            "ssl.keystore.password": self._store_password,
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            # the brokers and controllers reach each other as ANONYMOUS (PLAINTEXT, loopback)
+            "super.users": f"User:ANONYMOUS;User:{ADMIN}",
+        }
+
+    def _make_tls(self) -> None:
+        """A throwaway CA, and the brokers' PKCS12 keystore with a certificate it signed
+        for 127.0.0.1 and localhost (every node shares it: they all listen on loopback)."""
+        tls = self.tls_dir
+        tls.mkdir(parents=True, exist_ok=True)
+        ca, broker, pw = tls / "ca.p12", tls / "broker.p12", self._store_password
+        san = "SAN=ip:127.0.0.1,dns:localhost"
+        keytool = str(Path(self._java_path).with_name("keytool"))
+
+        def run(*args: str, store: Path) -> None:
+            cmd = [keytool, "-J-XX:TieredStopAtLevel=1", *args]  # a short JVM: no C2
+            cmd += ["-keystore", str(store), "-storepass", pw, "-noprompt"]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise KafkaSetupError(
+                    f"keytool {args[0]} failed:\n{_tail(done.stdout + done.stderr)}"
+                )
+
+        pair = ["-genkeypair", "-keyalg", "RSA", "-keysize", "2048", "-validity", "30"]
+        run(*pair, "-alias", "ca", "-dname", "CN=runstream local CA", "-ext", "bc:c", store=ca)
+        run("-exportcert", "-rfc", "-alias", "ca", "-file", str(self.ca_file), store=ca)
+        run(*pair, "-alias", "broker", "-dname", "CN=localhost", "-ext", san, store=broker)
+        csr, cert = tls / "broker.csr", tls / "broker.pem"
+        run("-certreq", "-alias", "broker", "-file", str(csr), store=broker)
+        sign = ["-gencert", "-alias", "ca", "-rfc", "-ext", san, "-validity", "30"]
+        run(*sign, "-infile", str(csr), "-outfile", str(cert), store=ca)
+        run("-importcert", "-alias", "ca", "-file", str(self.ca_file), store=broker)
+        run("-importcert", "-alias", "broker", "-file", str(cert), store=broker)
 
     def _write_config(self) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -364,14 +465,19 @@ class LocalKafka:
         began = time.monotonic()
         if self.port is not None:
             _check_port_free(self.port)
-        ports = _free_ports(2 * self.nodes)
+        ports = _free_ports((3 if self.secured else 2) * self.nodes)
         self.client_ports = ports[: self.nodes]
-        self.controller_ports = ports[self.nodes :]
+        self.controller_ports = ports[self.nodes : 2 * self.nodes]
+        self.internal_ports = ports[2 * self.nodes :]
         if self.port is not None:
             if self.port in ports:  # cannot happen while bound, but stay safe
                 raise ConfigError(f"port {self.port} clashes with a picked port")
             self.client_ports[0] = self.port
         self.bootstrap = ",".join(f"127.0.0.1:{p}" for p in self.client_ports)
+        if self.secured:
+            self._store_password = secrets.token_urlsafe(12)
+            self.progress("making a throwaway CA and the brokers' certificate...")
+            self._make_tls()
         self._write_config()
         self.progress("formatting storage...")
         self._format()
@@ -381,7 +487,7 @@ class LocalKafka:
                 self._spawn(i)
             self._wait_ready(time.monotonic() + START_TIMEOUT)
             self.progress("warming up transactions and the group coordinator...")
-            _warm_up(self.bootstrap)
+            _warm_up(self.bootstrap, self.client_config())
         except BaseException:
             self.stop()
             raise
@@ -390,6 +496,11 @@ class LocalKafka:
 
     def _format(self) -> None:
         cid = _cluster_id()
+        scram = [
+            a
+            for name, password in self.users.items()
+            for a in ("--add-scram", f"{SCRAM}=[name={name},password={password}]")
+        ]
         # All nodes in parallel: each run is a JVM start that is mostly class loading.
         runs = [
             subprocess.Popen(
@@ -402,6 +513,7 @@ class LocalKafka:
                         cid,
                         "--config",
                         str(self.node_dir(i) / "server.properties"),
+                        *scram,
                     ],
                 ),
                 stdout=subprocess.PIPE,
@@ -451,7 +563,7 @@ class LocalKafka:
             self._check_running()
             time.sleep(0.2)
         bootstrap = ",".join(f"127.0.0.1:{p}" for p in ports)
-        admin = AdminClient(client_config(bootstrap))
+        admin = AdminClient(client_config(bootstrap, self.client_config()))
         while time.monotonic() < deadline:
             self._check_running()
             try:
@@ -518,14 +630,14 @@ def _port_open(ports: list[int]) -> bool:
     return True
 
 
-def _warm_up(bootstrap: str) -> None:
+def _warm_up(bootstrap: str, extra: dict[str, str]) -> None:
     """One transaction and one group offset commit: creates __transaction_state and
     __consumer_offsets now, so the first test does not wait for them."""
     from confluent_kafka import Consumer, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
     topic = "_runstream_warmup"
-    conf = client_config(bootstrap)
+    conf = client_config(bootstrap, extra)
     admin = AdminClient(conf)  # keep referenced: a collected client cancels its futures
     admin.create_topics([NewTopic(topic, 1)])[topic].result(timeout=30)
     # log_level 3: hide the expected "coordinator load in progress: retrying" notices
@@ -576,10 +688,16 @@ def status() -> dict[str, Any]:
     return {**state, "alive": alive, "running": any(alive)}
 
 
-def up(nodes: int = 1, port: int | None = None, progress: Progress = print) -> dict[str, Any]:
+def up(
+    nodes: int = 1,
+    port: int | None = None,
+    progress: Progress = print,
+    security: str = "plaintext",
+) -> dict[str, Any]:
     """Start a broker (or 3-node cluster) that outlives this process; record it in state.json.
 
-    Returns the state: bootstrap, pids, nodes, work_dir, log files, started, startup_seconds.
+    Returns the state: bootstrap, pids, nodes, work_dir, log files, started, startup_seconds,
+    security and, for sasl_ssl, the CA file, the users and the admin's `kafka_config`.
     """
     running = current_bootstrap()
     if running:
@@ -588,7 +706,9 @@ def up(nodes: int = 1, port: int | None = None, progress: Progress = print) -> d
     work = local_dir() / "kafka"
     if work.exists():
         shutil.rmtree(work)  # leftovers of a broker that died without `down`
-    kafka = LocalKafka(work, nodes=nodes, libs=libs, port=port, progress=progress)
+    kafka = LocalKafka(
+        work, nodes=nodes, libs=libs, port=port, progress=progress, security=security
+    )
     kafka.start()
     state = {
         "bootstrap": kafka.bootstrap,
@@ -598,9 +718,15 @@ def up(nodes: int = 1, port: int | None = None, progress: Progress = print) -> d
         "logs": [str(kafka.log_path(i)) for i in range(nodes)],
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "startup_seconds": round(kafka.startup_seconds, 2),
+        "security": security,
     }
+    if kafka.secured:
+        state.update(
+            ca_file=str(kafka.ca_file), users=kafka.users, kafka_config=kafka.client_config()
+        )
     local_dir().mkdir(parents=True, exist_ok=True)
     tmp = state_path().with_suffix(".tmp")
+    tmp.touch(mode=0o600)  # it may hold passwords
     tmp.write_text(json.dumps(state, indent=2) + "\n")
     tmp.replace(state_path())
     return state

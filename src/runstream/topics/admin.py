@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
-from runstream.errors import KafkaUnavailable, TopicError
+from runstream.errors import KafkaNotAuthorized, KafkaUnavailable, TopicError
 from runstream.topics.logs import kafka_logger, last_error
 from runstream.topics.spec import (
     DEFAULT_PARTITIONS,
@@ -26,6 +26,7 @@ from runstream.topics.spec import (
 )
 
 __all__ = [
+    "check_authorized",
     "check_copartitioned",
     "client_config",
     "describe_topics",
@@ -56,6 +57,28 @@ def client_config(bootstrap: str, extra: Config | None = None) -> dict[str, Any]
         "logger": kafka_logger(),
         **(extra or {}),
     }
+
+
+_REFUSED = (
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.GROUP_AUTHORIZATION_FAILED,
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+)
+
+
+def check_authorized(config: Config, what: str, err: KafkaError | None) -> None:
+    """Raise KafkaNotAuthorized if ``err`` (about ``what``, e.g. a topic's metadata) says
+    the broker's ACLs refuse this client. (A topic the ACLs hide is missing from a list of
+    all topics; only asking for it by name tells.)"""
+    if err is not None and err.code() in _REFUSED:
+        user = config.get("sasl.username")
+        raise KafkaNotAuthorized(
+            str(config["bootstrap.servers"]),
+            f"User:{user}" if user else "this client",
+            what,
+            err.name(),
+        )
 
 
 def wait_for_cluster(
@@ -269,10 +292,17 @@ def check_copartitioned(
 
     Raises:
         TopicError: either topic is missing, or their partition counts differ.
+        KafkaNotAuthorized: the ACLs hide either topic from this client.
     """
     topics = Topics(ns)
-    meta = _metadata(_admin(bootstrap, kafka), bootstrap, timeout)
+    admin = _admin(bootstrap, kafka)
+    meta = _metadata(admin, bootstrap, timeout)
     missing = [n for n in (topics.commands, topics.journal) if n not in meta]
+    for name in missing:  # hidden by the ACLs, or really missing? (never auto-creates it)
+        try:
+            admin.describe_topics(TopicCollection([name]), request_timeout=timeout)[name].result()
+        except KafkaException as exc:
+            check_authorized(client_config(bootstrap, kafka), f"topic {name}", exc.args[0])
     if missing:
         raise TopicError(
             f"namespace {ns!r} is not set up at {bootstrap}: {', '.join(missing)} "

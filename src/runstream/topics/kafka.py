@@ -46,6 +46,7 @@ from runstream.errors import (
 from runstream.settings import Settings
 from runstream.topics.admin import (
     Config,
+    check_authorized,
     check_copartitioned,
     client_config,
     ensure_topics,
@@ -298,10 +299,12 @@ class KafkaLog(Transactions):
         """Fence older instances with our transactional id, then join the group.
         False if a stop was requested meanwhile."""
         deadline = time.monotonic() + 60
+        waiting = [producer for _, producer in self._producers]
         while not stopping():
             try:
-                for _, producer in self._producers:
-                    producer.init_transactions(1)  # short steps: stay stoppable
+                while waiting:
+                    waiting[0].init_transactions(1)  # short steps: stay stoppable
+                    waiting.pop(0)  # done: initialising it again would be a _STATE error
                 break
             except KafkaException as exc:
                 err = exc.args[0]
@@ -544,7 +547,7 @@ class CommandSender:
     """The client's producer of commands (idempotent, Kafka's partitioner)."""
 
     def __init__(self, config: Config, send_timeout: float) -> None:
-        self.bootstrap = str(config["bootstrap.servers"])
+        self.bootstrap, self._config = str(config["bootstrap.servers"]), config
         self._producer = Producer(
             {
                 **config,
@@ -568,6 +571,7 @@ class CommandSender:
                 f"no broker answered within {timeout:g}s",
                 last_error() or str(exc.args[0]),
             ) from None
+        check_authorized(self._config, f"topic {topic}", md and md.error)
         if md is None or md.error is not None or not md.partitions:
             return None
         return len(md.partitions)
@@ -680,6 +684,7 @@ def read_to_end(
 
     Raises:
         KafkaUnavailable: no broker answers.
+        KafkaNotAuthorized: the ACLs hide the topic from this client.
         LookupError: the topic does not exist.
         TimeoutError: no record and no end of partition for ``idle_timeout`` seconds.
     """
@@ -702,6 +707,7 @@ def read_to_end(
             raise KafkaUnavailable(
                 str(config["bootstrap.servers"]), "listing topics", last_error() or str(exc.args[0])
             ) from None
+        check_authorized(config, f"topic {topic}", md and md.error)
         if md is None or md.error is not None or not md.partitions:
             raise LookupError(f"topic {topic!r} does not exist")
         parts = sorted(
