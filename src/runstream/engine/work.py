@@ -223,6 +223,7 @@ class Batch:
 
     @property
     def empty(self) -> bool:
+        """Nothing to produce or commit: the batch needs no transaction (see `changed`)."""
         fx = self.effects
         return not (
             fx.waiters
@@ -233,3 +234,10 @@ class Batch:
             or fx.forwards
             or fx.commands
         )
+
+    @property
+    def changed(self) -> bool:
+        """A run's state changed with no fact: its heartbeats, which the projection keeps
+        beside the facts (a new owner's grace for a remote attempt is one). An empty batch
+        with such a change needs no transaction, but the shell keeps it and arms its timers."""
+        return any(w.after.beats != w.before.beats for w in self.runs.values())
