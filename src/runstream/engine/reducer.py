@@ -230,6 +230,8 @@ def _correlate(state: RunState, fact: EventPublished | EventSubscribed | EventMa
             state.delivered = {d for d in state.delivered if d[1] in kept}
         case EventSubscribed():
             state.subscriptions.append((fact.subscriber, fact.seq))
+        case EventMatched(undone=True):  # given back: a later wait of the run may have it
+            state.delivered.discard((fact.subscriber, fact.event_id))
         case EventMatched():
             if (fact.subscriber, fact.seq) in state.subscriptions:
                 state.subscriptions.remove((fact.subscriber, fact.seq))

@@ -258,6 +258,9 @@ class Subscribe(Record):
     key: str = ""
     cancel: bool = False
     sent_at_ms: int = 0
+    # With cancel: the event matched to the wait at seq, given back (it had timed out).
+    event_id: str = ""
+    payload: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +271,7 @@ class DeliverEvent(Record):
     event_id: str
     payload: bytes
     sent_at_ms: int = 0
+    key: str = ""  # the event's key: where the run gives it back if its wait timed out
 
 
 @dataclass(frozen=True, slots=True)
@@ -548,6 +552,7 @@ class EventMatched(Record):
     subscriber: str
     seq: int
     event_id: str  # empty: the subscription was dropped
+    undone: bool = False  # the run gave the event back: its wait had timed out
 
 
 @dataclass(frozen=True, slots=True)
