@@ -225,7 +225,7 @@ FIELDS = {
     "RunCancelled": [*_FACT, "reason"],
     "RunParked": [*_FACT, "reason"],
     "RunDead": [*_FACT, "reason"],
-    "RunRetried": [*_FACT, "seqs", "reason"],
+    "RunRetried": [*_FACT, "seqs", "reason", "deadline_ms"],
     "RetriedAsNew": [*_FACT, "new_run_id", "reason"],
     "LifecycleEvent": [
         "type",

@@ -297,7 +297,10 @@ class Rules:
         reason = self.limits.clip(cmd.reason or "retried")
         wf = self.registry.get(st.workflow, st.version)
         permit = self._run_permit(wf, st.run_id, st.input) if wf is not None else None
-        self.emit(b, st, RunRetried(st.run_id, b.now, failed, reason))
+        # A retried run has its whole timeout again, from the retry: its old deadline
+        # may have passed (it may be why it failed), and it would fail again at once.
+        deadline = None if st.timeout_ms is None else b.now + st.timeout_ms
+        self.emit(b, st, RunRetried(st.run_id, b.now, failed, reason, deadline))
         if permit is not None:  # it gave its permit back when it ended: ask again
             self._request(b, st, permit)
             return
@@ -827,7 +830,7 @@ class Rules:
         due = st.deadline_ms
         if due is None or due > b.now or st.terminal or st.compensation is not None:
             return  # not yet, or already ending
-        took = (due - st.started_at_ms) / 1000
+        took = (st.timeout_ms or due - st.started_at_ms) / 1000
         error = f"{TIMED_OUT}run {st.run_id!r} did not end within its timeout of {took:g}s"
         if self._in_flight(st) or self._compensations(b, st):
             self.emit(b, st, CompensationStarted(st.run_id, b.now, error, "", False))

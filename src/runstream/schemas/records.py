@@ -672,6 +672,7 @@ class RunRetried(Record):
     at_ms: int
     seqs: list[int] = field(default_factory=list)
     reason: str = ""
+    deadline_ms: int | None = None  # its timeout again, from the retry
 
 
 @dataclass(frozen=True, slots=True)
