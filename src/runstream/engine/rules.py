@@ -600,21 +600,28 @@ class Rules:
 
     # -- limits: permits owned by the limit's entity (docs/remote-steps.md, 4) ------------
     def _request(self, b: Batch, st: RunState, ask: Acquire) -> None:
-        """Ask the limit for a permit; the run waits at ``ask.seq`` for the Grant."""
-        self.emit(b, st, PermitRequested(st.run_id, b.now, ask.seq, ask.run_id, ask.attempt))
-        b.effects.commands.append(replace(ask, sent_at_ms=b.now))
+        """Ask the limit for a permit; the run waits at ``ask.seq`` for the Grant of this
+        request. Its id (seq, attempt, the fact's index in the run's history) names it
+        apart from every other request of the run, a withdrawn one at the same seq too."""
+        rid = f"{ask.seq}.{ask.attempt}.{st.facts}"
+        asked = PermitRequested(st.run_id, b.now, ask.seq, ask.run_id, ask.attempt, rid)
+        self.emit(b, st, asked)
+        b.effects.commands.append(replace(ask, sent_at_ms=b.now, request_id=rid))
 
     def grant(self, b: Batch, st: RunState, cmd: Grant) -> None:
         """A limit's answer. A permit nobody waits for any more (the run ended, or it
-        compensates) goes straight back."""
+        compensates, or the grant answers an earlier request, withdrawn: a run timed out
+        and retried at once asks again at the same seq) goes straight back."""
         asked = st.pending.get(cmd.seq)
         if not (
             isinstance(asked, PermitRequested)
             and asked.limit == cmd.limit
+            and asked.request_id == cmd.request_id
             and (st.compensation is None or cmd.seq < 0)
         ):
-            if cmd.granted:
-                b.effects.commands.append(Release(cmd.limit, st.run_id, cmd.seq, b.now))
+            if cmd.granted:  # that request's permit only, not one the run waits for now
+                back = Release(cmd.limit, st.run_id, cmd.seq, b.now, cmd.request_id)
+                b.effects.commands.append(back)
             return
         received = PermitReceived(
             st.run_id, b.now, cmd.seq, cmd.limit, asked.attempt, cmd.granted, cmd.reason
@@ -635,20 +642,24 @@ class Rules:
         if lim is None or (lim.concurrency, lim.rate, lim.burst, lim.max_queued) != settings:
             self.emit(b, ent, LimitSet(ent.run_id, b.now, *settings))
         if not ent.queue and ent.can_grant(b.now):
-            self._give(b, ent, cmd.holder, cmd.seq, cmd.fairness)
+            self._give(b, ent, cmd)
             return
         if cmd.max_queued is not None and len(ent.queue) >= cmd.max_queued:
             reason = (
                 f"{len(ent.queue)} runs wait for {ent.run_id} already (max_queued={cmd.max_queued})"
             )
-            b.effects.commands.append(Grant(cmd.holder, cmd.seq, ent.run_id, False, reason, b.now))
+            refused = Grant(cmd.holder, cmd.seq, ent.run_id, False, reason, b.now, cmd.request_id)
+            b.effects.commands.append(refused)
             return
-        queued = PermitQueued(ent.run_id, b.now, cmd.holder, cmd.seq, cmd.priority, cmd.fairness)
+        queued = PermitQueued(
+            ent.run_id, b.now, cmd.holder, cmd.seq, cmd.priority, cmd.fairness, cmd.request_id
+        )
         self.emit(b, ent, queued)
 
     def release(self, b: Batch, ent: RunState, cmd: Release) -> None:
-        """A permit comes back (or a waiting request is withdrawn): grant the next."""
-        if ent.asked(cmd.holder, cmd.seq):
+        """A permit comes back (or a waiting request is withdrawn): grant the next. With a
+        request id, only if it names the request held or waiting (a stale grant's)."""
+        if ent.asked(cmd.holder, cmd.seq, cmd.request_id):
             self.emit(b, ent, PermitReleased(ent.run_id, b.now, cmd.holder, cmd.seq))
             self._grant_waiting(b, ent)
 
@@ -659,11 +670,12 @@ class Rules:
             top = max(q.priority for q in ent.queue)
             waiting = [(ent.served.get(q.fairness, -1), i, q) for i, q in enumerate(ent.queue)]
             _, _, q = min(w for w in waiting if w[2].priority == top)
-            self._give(b, ent, q.holder, q.seq, q.fairness)
+            self._give(b, ent, q)
 
-    def _give(self, b: Batch, ent: RunState, holder: str, seq: int, fairness: str) -> None:
-        self.emit(b, ent, PermitGranted(ent.run_id, b.now, holder, seq, fairness))
-        b.effects.commands.append(Grant(holder, seq, ent.run_id, True, "", b.now))
+    def _give(self, b: Batch, ent: RunState, ask: Acquire | PermitQueued) -> None:
+        holder, seq, rid = ask.holder, ask.seq, ask.request_id
+        self.emit(b, ent, PermitGranted(ent.run_id, b.now, holder, seq, ask.fairness, rid))
+        b.effects.commands.append(Grant(holder, seq, ent.run_id, True, "", b.now, rid))
 
     @staticmethod
     def _give_back(b: Batch, st: RunState, seq: int) -> None:

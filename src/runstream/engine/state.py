@@ -160,10 +160,15 @@ class RunState:
                     out.add((due, seq))
         return out
 
-    def asked(self, holder: str, seq: int) -> bool:
-        """A limit entity holds out a permit to ``holder`` at ``seq``, or queues its request."""
-        return (holder, seq) in self.held or any(
-            (q.holder, q.seq) == (holder, seq) for q in self.queue
+    def asked(self, holder: str, seq: int, request_id: str = "") -> bool:
+        """A limit entity holds out a permit to ``holder`` at ``seq``, or queues its request
+        (the request ``request_id``, if given)."""
+        held = self.held.get((holder, seq))
+        if held is not None:
+            return request_id in ("", held.request_id)
+        return any(
+            (q.holder, q.seq) == (holder, seq) and request_id in ("", q.request_id)
+            for q in self.queue
         )
 
     def can_grant(self, now: int) -> bool:

@@ -298,6 +298,7 @@ class Acquire(Record):
     burst: int = 1
     max_queued: int | None = None
     sent_at_ms: int = 0
+    request_id: str = ""  # the PermitRequested's: Grant and Release name it back
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +309,7 @@ class Grant(Record):
     granted: bool = True
     reason: str = ""
     sent_at_ms: int = 0
+    request_id: str = ""  # the request answered: a stale one is released, not taken
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +318,7 @@ class Release(Record):
     holder: str
     seq: int
     sent_at_ms: int = 0
+    request_id: str = ""  # only that request's permit; "": whatever holder and seq hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -701,6 +704,7 @@ class PermitQueued(Record):
     seq: int
     priority: int = 0
     fairness: str = ""
+    request_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -710,6 +714,7 @@ class PermitGranted(Record):
     holder: str
     seq: int
     fairness: str = ""
+    request_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -727,6 +732,7 @@ class PermitRequested(Record):
     seq: int
     limit: str
     attempt: int = 1
+    request_id: str = ""  # the Grant it waits for names it
 
 
 @dataclass(frozen=True, slots=True)
