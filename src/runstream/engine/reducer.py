@@ -78,7 +78,7 @@ def apply(state: RunState, fact: Fact) -> RunState:
             state.permits.pop(fact.seq, None)
         case PermitRequested():
             state.pending[fact.seq] = fact
-            state.permits[fact.seq] = fact.limit
+            state.permits[fact.seq] = fact
         case PermitReceived(seq=seq) if seq == RUN_PERMIT_SEQ:
             state.pending.pop(seq, None)  # the run may go on; it holds the permit till its end
             if not fact.granted:

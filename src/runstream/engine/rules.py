@@ -600,13 +600,14 @@ class Rules:
 
     # -- limits: permits owned by the limit's entity (docs/remote-steps.md, 4) ------------
     def _request(self, b: Batch, st: RunState, ask: Acquire) -> None:
-        """Ask the limit for a permit; the run waits at ``ask.seq`` for the Grant of this
-        request. Its id (seq, attempt, the fact's index in the run's history) names it
-        apart from every other request of the run, a withdrawn one at the same seq too."""
-        rid = f"{ask.seq}.{ask.attempt}.{st.facts}"
-        asked = PermitRequested(st.run_id, b.now, ask.seq, ask.run_id, ask.attempt, rid)
+        """Ask the limit for a permit; the run waits at ``ask.seq`` for the Grant."""
+        # Its id names it apart from every other request (the Grant and the Release name
+        # it): the fact's index in the run's history, unique even for a request withdrawn
+        # and asked again at the same seq within one millisecond.
+        request_id = f"{ask.seq}.{ask.attempt}.{st.facts}"
+        asked = PermitRequested(st.run_id, b.now, ask.seq, ask.run_id, ask.attempt, request_id)
         self.emit(b, st, asked)
-        b.effects.commands.append(replace(ask, sent_at_ms=b.now, request_id=rid))
+        b.effects.commands.append(replace(ask, sent_at_ms=b.now, request_id=request_id))
 
     def grant(self, b: Batch, st: RunState, cmd: Grant) -> None:
         """A limit's answer. A permit nobody waits for any more (the run ended, or it
@@ -642,7 +643,7 @@ class Rules:
         if lim is None or (lim.concurrency, lim.rate, lim.burst, lim.max_queued) != settings:
             self.emit(b, ent, LimitSet(ent.run_id, b.now, *settings))
         if not ent.queue and ent.can_grant(b.now):
-            self._give(b, ent, cmd)
+            self._give(b, ent, cmd.holder, cmd.seq, cmd.fairness, cmd.request_id)
             return
         if cmd.max_queued is not None and len(ent.queue) >= cmd.max_queued:
             reason = (
@@ -657,9 +658,10 @@ class Rules:
         self.emit(b, ent, queued)
 
     def release(self, b: Batch, ent: RunState, cmd: Release) -> None:
-        """A permit comes back (or a waiting request is withdrawn): grant the next. With a
-        request id, only if it names the request held or waiting (a stale grant's)."""
-        if ent.asked(cmd.holder, cmd.seq, cmd.request_id):
+        """A permit comes back (or a waiting request is withdrawn): grant the next. Only
+        a Release naming the request's id (from the holder's Acquire) counts: one by
+        anybody else frees nothing."""
+        if ent.request_of(cmd.holder, cmd.seq) == cmd.request_id:
             self.emit(b, ent, PermitReleased(ent.run_id, b.now, cmd.holder, cmd.seq))
             self._grant_waiting(b, ent)
 
@@ -670,19 +672,21 @@ class Rules:
             top = max(q.priority for q in ent.queue)
             waiting = [(ent.served.get(q.fairness, -1), i, q) for i, q in enumerate(ent.queue)]
             _, _, q = min(w for w in waiting if w[2].priority == top)
-            self._give(b, ent, q)
+            self._give(b, ent, q.holder, q.seq, q.fairness, q.request_id)
 
-    def _give(self, b: Batch, ent: RunState, ask: Acquire | PermitQueued) -> None:
-        holder, seq, rid = ask.holder, ask.seq, ask.request_id
-        self.emit(b, ent, PermitGranted(ent.run_id, b.now, holder, seq, ask.fairness, rid))
-        b.effects.commands.append(Grant(holder, seq, ent.run_id, True, "", b.now, rid))
+    def _give(
+        self, b: Batch, ent: RunState, holder: str, seq: int, fairness: str, request_id: str
+    ) -> None:
+        self.emit(b, ent, PermitGranted(ent.run_id, b.now, holder, seq, fairness, request_id))
+        b.effects.commands.append(Grant(holder, seq, ent.run_id, True, "", b.now, request_id))
 
     @staticmethod
     def _give_back(b: Batch, st: RunState, seq: int) -> None:
         """The attempt at ``seq`` ends: its permit, if it had one, goes back."""
-        limit = st.permits.get(seq)
-        if limit is not None:
-            b.effects.commands.append(Release(limit, st.run_id, seq, b.now))
+        asked = st.permits.get(seq)
+        if asked is not None:
+            release = Release(asked.limit, st.run_id, seq, b.now, asked.request_id)
+            b.effects.commands.append(release)
 
     def query(self, b: Batch, st: RunState, cmd: Query) -> None:
         """Answer now, or (``wait``) once the run ends: the shell keeps the question."""
@@ -1219,8 +1223,9 @@ class Rules:
         if ev is not None:
             b.effects.lifecycle.append(ev)
         if ending:
-            for seq, limit in permits.items():  # the run's permits and requests go back
-                b.effects.commands.append(Release(limit, st.run_id, seq, b.now))
+            for seq, asked in permits.items():  # the run's permits and requests go back
+                release = Release(asked.limit, st.run_id, seq, b.now, asked.request_id)
+                b.effects.commands.append(release)
             Rules._ended(b, st, fact, children)
 
     @staticmethod

@@ -14,6 +14,7 @@ from runstream.schemas.records import (
     LimitSet,
     PermitGranted,
     PermitQueued,
+    PermitRequested,
     ScheduleSet,
     SeqFact,
     SignalAwaited,
@@ -81,8 +82,8 @@ class RunState:
     tat_ms: float = 0.0
     served: dict[str, int] = field(default_factory=dict)
     grants: int = 0
-    # A run's permits, requested or held, by seq -> the limit's entity id.
-    permits: dict[int, str] = field(default_factory=dict)
+    # A run's permits, requested or held, by seq -> its request (the limit, the request id).
+    permits: dict[int, PermitRequested] = field(default_factory=dict)
     # Remote attempts' latest heartbeats, by seq. Not facts (there are too many): the
     # projection keeps them beside the facts, and a new owner starts them afresh.
     beats: dict[int, Beat] = field(default_factory=dict)
@@ -160,16 +161,19 @@ class RunState:
                     out.add((due, seq))
         return out
 
-    def asked(self, holder: str, seq: int, request_id: str = "") -> bool:
-        """A limit entity holds out a permit to ``holder`` at ``seq``, or queues its request
-        (the request ``request_id``, if given)."""
+    def asked(self, holder: str, seq: int) -> bool:
+        """A limit entity holds out a permit to ``holder`` at ``seq``, or queues its request."""
+        return (holder, seq) in self.held or any(
+            (q.holder, q.seq) == (holder, seq) for q in self.queue
+        )
+
+    def request_of(self, holder: str, seq: int) -> str | None:
+        """The id of the request of ``holder`` at ``seq`` that a limit entity holds out a
+        permit to, or queues (None: it does neither)."""
         held = self.held.get((holder, seq))
         if held is not None:
-            return request_id in ("", held.request_id)
-        return any(
-            (q.holder, q.seq) == (holder, seq) and request_id in ("", q.request_id)
-            for q in self.queue
-        )
+            return held.request_id
+        return next((q.request_id for q in self.queue if (q.holder, q.seq) == (holder, seq)), None)
 
     def can_grant(self, now: int) -> bool:
         """A limit entity may grant a permit at ``now`` (concurrency and rate allow it)."""

@@ -298,7 +298,7 @@ class Acquire(Record):
     burst: int = 1
     max_queued: int | None = None
     sent_at_ms: int = 0
-    request_id: str = ""  # the PermitRequested's: Grant and Release name it back
+    request_id: str = ""  # the holder's id of this request: its Release names it
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,7 +318,7 @@ class Release(Record):
     holder: str
     seq: int
     sent_at_ms: int = 0
-    request_id: str = ""  # only that request's permit; "": whatever holder and seq hold
+    request_id: str = ""  # the request whose permit goes back (forged: frees nothing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -732,7 +732,7 @@ class PermitRequested(Record):
     seq: int
     limit: str
     attempt: int = 1
-    request_id: str = ""  # the Grant it waits for names it
+    request_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
