@@ -388,7 +388,7 @@ def test_a_remote_attempt_taken_over_by_a_new_owner_still_times_out(tmp_path, ns
     and its timer armed, so the silent attempt times out after that interval."""
     cluster, app = Cluster(), runstream.App(ns)
 
-    @app.step(group="nobody", heartbeat=0.3, retries=0)
+    @app.step(group="nobody", heartbeat=1, retries=0)
     def far(x: int) -> int:
         raise AssertionError("a remote step never runs in the engine")
 
@@ -401,7 +401,7 @@ def test_a_remote_attempt_taken_over_by_a_new_owner_still_times_out(tmp_path, ns
     start(cluster, ns, "r", "remote", 1)
     w1.until(lambda: "StepStarted" in [type(f).__name__ for f in facts(cluster, ns, "r")])
     w1.close()
-    time.sleep(0.4)  # its heartbeat interval passes while no instance owns the run
+    time.sleep(1.1)  # its heartbeat interval passes while no instance owns the run
     w2 = Rig(app, cluster, tmp_path, "w2")
     w2.log.assign([0, 1, 2, 3])
     w2.until(lambda: len(w2.worker._owned) == 4)
@@ -409,6 +409,6 @@ def test_a_remote_attempt_taken_over_by_a_new_owner_still_times_out(tmp_path, ns
     assert not [f for f in facts(cluster, ns, "r") if type(f).__name__ == "StepFailed"]
     p = partition_for(b"r", cluster.partitions)
     assert (p, "r", 1) in w2.worker._inbox.timers._due  # armed again for that interval
-    w2.until(lambda: "StepFailed" in [type(f).__name__ for f in facts(cluster, ns, "r")])
+    w2.until(lambda: "StepFailed" in [type(f).__name__ for f in facts(cluster, ns, "r")], 3000)
     assert w2.worker._owned.load(p, "r").status == "failed"
     w2.close()
