@@ -264,6 +264,8 @@ class Worker:
             self._redo(engine_log, b, items, started, decided)
             return None
         if b.empty:
+            if b.changed:  # nothing to commit, but a state change to keep (Batch.changed)
+                self._project(b, Committed({}, {}))
             return None
         answered = self._waiters.answer(b, decider.run_info)
         decided_at = time.perf_counter()
@@ -306,8 +308,7 @@ class Worker:
             self._suspect.clear()
         self.stats["commands"] += sum(last - first + 1 for first, last in b.consumed.values())
         self.stats["facts"] += len(b.effects.facts)
-        for p, before, after in self._owned.project(b, written):
-            self._inbox.timers.update(p, after.run_id, before.timers(), after.timers())
+        self._project(b, written)
         self._parked.release(b.runs)
         # Stopping, or on a partition being handed over, no step starts (the handover
         # records it); one that ran ahead of an aborted commit gets its outcome delivered.
@@ -320,6 +321,11 @@ class Worker:
                 and (not (stopping or j.partition in self._owned.leaving) or steps.ran_ahead(j.key))
             ]
         )
+
+    def _project(self, b: Batch, written: Committed) -> None:
+        """Write what ``b`` changed to the projections and arm its runs' timers."""
+        for p, before, after in self._owned.project(b, written):
+            self._inbox.timers.update(p, after.run_id, before.timers(), after.timers())
 
     def _drain(self, engine_log: EngineLog) -> None:
         """On stop: take no new commands, and hand every partition over (`_hand_over`),

@@ -418,3 +418,35 @@ def test_after_an_aborted_commit_no_step_runs_ahead_of_the_next_commit(tmp_path,
     assert set(bodies.values()) == {1}
     assert check_run(facts(cluster, ns, "z"), expect_finished=True) == []
     rig.close()
+
+
+def test_a_remote_attempt_taken_over_by_a_new_owner_still_times_out(tmp_path, ns):
+    """The new owner's first liveness check only grants the attempt a full heartbeat
+    interval from the takeover: a state change with no fact, which must still be kept
+    and its timer armed, so the silent attempt times out after that interval."""
+    cluster, app = Cluster(), runstream.App(ns)
+
+    @app.step(group="nobody", heartbeat=1, retries=0)
+    def far(x: int) -> int:
+        raise AssertionError("a remote step never runs in the engine")
+
+    @app.workflow
+    async def remote(ctx: runstream.Context, x: int) -> int:
+        return await ctx.step(far, x)
+
+    w1 = Rig(app, cluster, tmp_path, "w1")
+    w1.log.assign([0, 1, 2, 3])
+    start(cluster, ns, "r", "remote", 1)
+    w1.until(lambda: "StepStarted" in [type(f).__name__ for f in facts(cluster, ns, "r")])
+    w1.close()
+    time.sleep(1.1)  # its heartbeat interval passes while no instance owns the run
+    w2 = Rig(app, cluster, tmp_path, "w2")
+    w2.log.assign([0, 1, 2, 3])
+    w2.until(lambda: len(w2.worker._owned) == 4)
+    w2.turn()  # the liveness check: one interval from the takeover, no fact
+    assert not [f for f in facts(cluster, ns, "r") if type(f).__name__ == "StepFailed"]
+    p = partition_for(b"r", cluster.partitions)
+    assert (p, "r", 1) in w2.worker._inbox.timers._due  # armed again for that interval
+    w2.until(lambda: "StepFailed" in [type(f).__name__ for f in facts(cluster, ns, "r")], 3000)
+    assert w2.worker._owned.load(p, "r").status == "failed"
+    w2.close()

@@ -7,6 +7,7 @@ so tests can count executions across processes and crashes exactly.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -16,6 +17,7 @@ from pydantic import BaseModel
 
 import runstream
 from runstream import TerminalStepError
+from runstream.errors import EventTimeout
 
 
 def _log(line: str) -> None:
@@ -178,6 +180,17 @@ def make_app(ns: str, bootstrap: str | None = None, **kw) -> runstream.App:
     @app.workflow
     async def waits_named(ctx: runstream.Context, name: str) -> None:
         await ctx.wait_for_signal(name)
+
+    @app.workflow
+    async def poller(ctx: runstream.Context, job: dict) -> list[int]:
+        """``job["events"]`` events "tick" of ``job["key"]``, each awaited in slices of
+        ``job["slice"]`` seconds, as a polling loop does: their numbers."""
+        got: list[int] = []
+        while len(got) < job["events"]:
+            with contextlib.suppress(EventTimeout):
+                event = await ctx.wait_for_event("tick", key=job["key"], timeout=job["slice"])
+                got.append(event["n"])
+        return got
 
     @app.workflow(on_event="order.placed", key=lambda ev: ev["order"])
     async def placed(ctx: runstream.Context, ev: dict) -> str:

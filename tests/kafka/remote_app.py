@@ -51,3 +51,14 @@ async def double_twice(ctx: runstream.Context, n: int) -> int:
 @app.workflow
 async def wait_on(ctx: runstream.Context, job: dict) -> str:
     return await ctx.step(patient, job["seconds"], job["beat"])
+
+
+@app.step(group="work", timeout="12s", heartbeat="4s", retries=0)
+def unserved(n: int) -> int:
+    """Left to no task worker by its test: only the engine's liveness check ends it."""
+    return n
+
+
+@app.workflow
+async def left_alone(ctx: runstream.Context, n: int) -> int:
+    return await ctx.step(unserved, n)

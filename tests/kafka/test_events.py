@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import pytest
@@ -49,4 +50,40 @@ def test_1000_events_reach_100_waiting_runs_each_its_own_10_in_order(kafka_boots
     unmatched = [r for name, r, _ in lifecycle if r.get("type") == "event.unmatched"]
     assert len(unmatched) == 5 * EACH
     report = audit(kafka_bootstrap, ns, expect_finished=True)  # each match delivered once
+    assert report.violations == [], report.violations
+
+
+def test_an_event_matched_to_a_wait_that_timed_out_first_reaches_the_next_wait(
+    kafka_bootstrap, ns, tmp_path
+):
+    """No engine runs while a run waits in slices of 1 s, and an event (no ttl) is
+    published then. When the engine is back, the entity matches the event to the open
+    slice, whose timeout is due: the run times the slice out before the delivery arrives
+    (the cancel and the next slice's subscription follow the publish on the entity's
+    partition). The run gives the event back, and its next slice gets it."""
+    ensure_topics(kafka_bootstrap, ns, PARTITIONS)
+    app, state = make_app(ns, kafka_bootstrap), tmp_path / "state"
+    engine = ThreadWorker(app, state)
+    try:
+        with runstream.Client(ns, kafka_bootstrap) as client:
+            client.start("poller", {"key": "k", "events": 2, "slice": 1}, run_id="p")
+
+            def journal(name: str) -> list[dict]:
+                records = read_topic(kafka_bootstrap, f"{ns}.journal", timeout=5)
+                return [r for n, r, _ in records if n == name and r["run_id"] == "p"]
+
+            wait_for(lambda: journal("EventAwaited"), what="the run's first wait")
+            engine.stop()
+            client.publish("tick", {"n": 1}, key="k")  # only waits that exist get it
+            time.sleep(1.5)  # the open slice's time passes while no engine runs
+            engine = ThreadWorker(app, state)
+            wait_for(lambda: journal("EventReceived"), timeout=60, what="the first event")
+            client.publish("tick", {"n": 2}, key="k", ttl="10m")
+            assert client.result("p", timeout=60) == [1, 2]  # before the fix: waits for ever
+    finally:
+        engine.stop()
+    commands = read_topic(kafka_bootstrap, f"{ns}.commands", timeout=30)
+    given_back = [r for name, r, _ in commands if name == "Subscribe" and r["event_id"]]
+    assert [r["subscriber"] for r in given_back] == ["p"]
+    report = audit(kafka_bootstrap, ns, expect_finished=True)  # each received where matched
     assert report.violations == [], report.violations

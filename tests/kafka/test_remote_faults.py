@@ -45,7 +45,7 @@ def remote(kafka_bootstrap, ns, tmp_path, monkeypatch):
 
     app = runstream.App(ns, kafka_bootstrap)
     app.registry = remote_app.app.registry
-    engine = ThreadWorker(app, tmp_path / "state")
+    engines = [ThreadWorker(app, tmp_path / "state")]
     # Running: its task topics exist (an engine creates them before it takes partitions).
     wait_for(lambda: owns(tmp_path / "state", ns, "w1"), timeout=60, what="the engine")
     client = wait_for(lambda: _client(ns, kafka_bootstrap), what="the engine's topics")
@@ -71,13 +71,18 @@ def remote(kafka_bootstrap, ns, tmp_path, monkeypatch):
         workers.append(proc)
         return proc
 
-    yield SimpleNamespace(client=client, serve=serve, log=log, app=app)
+    def restart() -> None:
+        """Stop the engine and start it again (same instance, same projection)."""
+        engines[-1].stop()
+        engines.append(ThreadWorker(app, tmp_path / "state"))
+
+    yield SimpleNamespace(client=client, serve=serve, log=log, app=app, restart=restart)
     for proc in workers:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
     client.close()
-    engine.stop()
+    engines[-1].stop()
 
 
 def _client(ns, bootstrap):
@@ -214,3 +219,25 @@ def test_heartbeats_keep_a_long_attempt_alive_and_silence_times_it_out(remote):
     assert client.result("silent", timeout=60) == "attempt 2"
     info = client.get_run("silent")
     assert info.status == "completed"
+
+
+def test_an_attempt_nobody_serves_times_out_after_the_engine_restarts(remote, kafka_bootstrap, ns):
+    """Heartbeat 4 s, timeout 12 s, no task worker, the engine restarted as soon as the
+    attempt started: the new owner grants one heartbeat interval from its takeover, then
+    the attempt times out and its run fails (no retries). Nothing is sent to the engine
+    meanwhile: a command decided with the grace would have hidden the defect."""
+
+    def facts(*names: str) -> list | None:
+        run = _journal_by_run(kafka_bootstrap, ns).get("alone", [])
+        return run if {type(f).__name__ for f in run} >= set(names) else None
+
+    remote.client.start("left_alone", 1, run_id="alone")
+    wait_for(lambda: facts("StepStarted"), timeout=30, what="the attempt")
+    remote.restart()
+    assert not facts("StepFailed")  # the old owner stopped within the attempt's interval
+    # its timeout plus slack for the restart (before the fix: it never timed out)
+    run = wait_for(lambda: facts("RunFailed"), timeout=40, what="the attempt to time out")
+    names = [type(f).__name__ for f in run]
+    assert names == ["RunStarted", "StepStarted", "StepFailed", "RunFailed"]
+    assert "StepTimeout: remote step 'unserved'" in run[2].error
+    assert check_run(run, expect_finished=True) == []

@@ -9,7 +9,7 @@ import pytest
 import runstream
 from runstream.topics.admin import ensure_topics
 
-from .kit import PARTITIONS, ThreadWorker
+from .kit import PARTITIONS, ThreadWorker, wait_for
 from .test_runs_ops import journal_of
 
 pytestmark = pytest.mark.kafka
@@ -72,3 +72,29 @@ def test_signal_with_start_delivers_once_whether_or_not_the_run_exists(
     for run_id in ("a-1", "a-2"):
         names = [type(f).__name__ for f in journal[run_id]]
         assert names.count("RunStarted") == 1 and names.count("SignalReceived") == 1, names
+
+
+def test_a_run_that_timed_out_retried_has_its_timeout_again_and_goes_on(
+    kafka_bootstrap, ns, tmp_path
+):
+    ensure_topics(kafka_bootstrap, ns, PARTITIONS)
+    worker = ThreadWorker(make_app(ns, kafka_bootstrap), tmp_path / "state")
+    try:
+        with runstream.Client(ns, kafka_bootstrap) as client:
+            client.start("approval", "o-1", run_id="a-1", timeout=6)
+            with pytest.raises(runstream.RunTimedOut):
+                client.result("a-1", timeout=60)
+            client.retry("a-1")
+
+            def retried() -> bool:
+                return "RunRetried" in [
+                    type(f).__name__ for f in journal_of(kafka_bootstrap, ns)["a-1"]
+                ]
+
+            wait_for(retried, what="the retry")  # before the fix, it had failed again by then
+            client.signal("a-1", "approve", {"by": "ann"})  # within its fresh 6 s
+            assert client.result("a-1", timeout=60) == {"order": "o-1", "by": "ann"}
+    finally:
+        worker.stop()
+    names = [type(f).__name__ for f in journal_of(kafka_bootstrap, ns)["a-1"]]
+    assert names.count("RunFailed") == 1 and names[-1] == "RunCompleted"

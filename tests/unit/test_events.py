@@ -39,13 +39,36 @@ async def patient(ctx, order: str) -> str:
     return "paid"
 
 
+async def ticks(ctx, key: str) -> list:
+    """Waits for "tick" three times, each for a minute at most, as a polling loop would."""
+    got = []
+    for _ in range(3):
+        try:
+            got.append((await ctx.wait_for_event("tick", key=key, timeout="1m"))["n"])
+        except EventTimeout:
+            got.append("timeout")
+    return got
+
+
+async def ticks_later(ctx, key: str) -> list:
+    """Waits for "tick" a minute, then again after an hour's sleep."""
+    got = []
+    for _ in range(2):
+        try:
+            got.append((await ctx.wait_for_event("tick", key=key, timeout="1m"))["n"])
+        except EventTimeout:
+            got.append("timeout")
+        await ctx.sleep(3600)
+    return got
+
+
 async def fulfil(ctx, ev: dict) -> str:
     return f"fulfilled {ev['order']}"
 
 
 def _core() -> Core:
     reg = Registry()
-    for wf in (settle, collect, patient):
+    for wf in (settle, collect, patient, ticks, ticks_later):
         reg.add_workflow(workflow_def(wf))
     reg.add_workflow(workflow_def(fulfil, on_event="placed", key=lambda ev: ev["order"]))
     return Core(reg)
@@ -132,6 +155,44 @@ def test_a_wait_times_out_and_a_later_event_is_not_for_it():
     corr = correlation_id("paid", "o-9")
     assert fold(corr, core.facts(corr)).subscriptions == []
     assert check_run(core.facts("p"), expect_finished=True) == []
+
+
+@pytest.mark.parametrize("ttl_ms", [0, 600_000])
+def test_an_event_matched_to_a_wait_that_timed_out_first_goes_to_the_next_wait(ttl_ms):
+    """The entity matches the event to the wait, but the run's timeout fires before the
+    delivery arrives: the run gives the event back and its next wait gets it."""
+    core = _core()
+    core.start("t", "ticks", "k")
+    pump(core)
+    event = PublishEvent(correlation_id("tick", "k"), "tick", "e1", b'{"n": 1}', "k", ttl_ms)
+    core.command(event)  # matched: its DeliverEvent is on its way to the run...
+    core.advance(60)  # ...when the wait times out, and the next wait subscribes
+    pump(core)
+    assert core.state("t").status == "running"
+    publish(core, "tick", {"n": 2}, key="k")
+    assert payload.loads(core.state("t").output) == ["timeout", 1, 2]
+    assert check_run(core.facts("t"), expect_finished=True) == []
+    corr = correlation_id("tick", "k")
+    matched = [(f.seq, f.event_id) for f in core.facts(corr, "EventMatched") if f.event_id]
+    received = [(f.seq, f.event_id) for f in core.facts("t", "EventReceived")]
+    assert received == [(2, "e1"), (3, received[1][1])]
+    assert set(received) <= set(matched)  # each event received where it was matched
+
+
+def test_an_event_given_back_by_a_timed_out_wait_is_kept_for_a_later_wait_within_its_ttl():
+    core = _core()
+    core.start("t", "ticks_later", "k")
+    pump(core)
+    event = PublishEvent(correlation_id("tick", "k"), "tick", "e1", b'{"n": 1}', "k", 7_200_000)
+    core.command(event)
+    core.advance(60)  # timed out; the run sleeps an hour before it waits again
+    pump(core)
+    core.advance(3600)
+    pump(core)
+    core.advance(3600)
+    pump(core)
+    assert payload.loads(core.state("t").output) == ["timeout", 1]
+    assert check_run(core.facts("t"), expect_finished=True) == []
 
 
 def test_an_event_triggered_workflow_starts_once_per_key():

@@ -12,8 +12,17 @@ import pytest
 from runstream import App
 from runstream.audit.rules import check_run
 from runstream.engine import payload
-from runstream.engine.work import StepJob, StepOutcome
-from runstream.schemas.records import Acquire, Release, Retry, limit_id
+from runstream.engine.rules import limits
+from runstream.engine.state import RunState
+from runstream.engine.work import Batch, StepJob, StepOutcome
+from runstream.schemas.records import (
+    RUN_PERMIT_SEQ,
+    Acquire,
+    Grant,
+    Release,
+    Retry,
+    limit_id,
+)
 
 from .corehelp import Core
 
@@ -238,3 +247,68 @@ def test_a_retried_run_asks_its_concurrency_key_for_a_permit_again():
     assert core.state("j1").status == "completed"
     assert core.names("j1").count("PermitRequested") == 2
     assert all(check_run(core.facts(r)) == [] for r in ("j1", "j2", limit_id("once", "k")))
+
+
+@app.workflow(concurrency_key=lambda job: job["key"], limit=1, timeout="1m")
+async def turn(ctx, job: dict) -> str:
+    await ctx.wait_for_signal("go")
+    return job["key"]
+
+
+def test_a_stale_grant_after_a_timeout_and_a_quick_retry_is_given_back_not_taken():
+    """w waits for the permit h holds; h ends, and w times out before the limit's grant
+    reaches it; w is retried at once and asks again. The grant of its first request is
+    stale: w gives that one back and takes the grant of its second, so the limit holds."""
+    core = Core(app.registry)
+    core.start("h", "turn", {"key": "k"})
+    pump(core)
+    core.advance(30)
+    core.start("w", "turn", {"key": "k"})
+    pump(core)
+    core.signal("h", "go", None)  # h ends: its Release is on its way to the limit...
+    core.advance(60)  # ...when w times out (its request withdrawn)...
+    core.command(Retry("w"))  # ...and is retried at once: it asks again
+    pump(core)  # the limit grants w's first request, then its second
+    assert core.state("h").status == "completed"
+    assert core.state("w").status == "running" and core.facts("w", "SignalAwaited")
+    ent = core.state(limit_id("turn", "k"))
+    assert set(ent.held) == {("w", RUN_PERMIT_SEQ)}  # the permit w runs with is held
+    core.start("x", "turn", {"key": "k"})
+    pump(core)
+    assert not core.facts("x", "SignalAwaited")  # one run of the key at a time
+    assert [q.holder for q in core.state(limit_id("turn", "k")).queue] == ["x"]
+    core.signal("w", "go", None)
+    pump(core)
+    assert core.facts("x", "SignalAwaited")
+    for run_id in ("h", "w", "x", limit_id("turn", "k")):
+        assert check_run(core.facts(run_id)) == []
+
+
+def test_two_requests_at_one_seq_and_attempt_within_one_millisecond_have_two_ids():
+    """A request withdrawn and asked again at the same seq and attempt in the same
+    millisecond has another id (the fact's index, not the time), so the grant of the
+    first is told from the grant of the second, and each Release names its own."""
+    b = Batch(lambda _p, run_id: RunState(run_id), now=1_000)
+    st = b.state(0, "r")
+    assert isinstance(st, RunState)
+    ask = Acquire(limit_id("q"), "r", 3)
+    limits.request(b, st, ask)
+    first = st.permits[3]
+    limits.request(b, st, ask)
+    second = st.permits[3]
+    assert first.request_id != second.request_id
+    sent = [c.request_id for c in b.effects.commands if isinstance(c, Acquire)]
+    assert sent == [first.request_id, second.request_id]
+    assert limits.release_of(b, st, first).request_id == first.request_id
+
+
+def test_a_grant_by_an_engine_before_grants_named_their_request_is_taken():
+    """A Grant written by an older engine names no request: it answers the one the run
+    waits for, as it did then."""
+    core = Core(app.registry)
+    core.start("g", "turn", {"key": "old"})
+    (ask,) = core.commands
+    core.commands.clear()  # the limit entity was an older engine's
+    assert isinstance(ask, Acquire) and ask.request_id
+    core.command(Grant(ask.holder, RUN_PERMIT_SEQ, ask.run_id))  # no request_id
+    assert core.facts("g", "SignalAwaited")

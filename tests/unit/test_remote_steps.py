@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from runstream import App
 from runstream.engine import payload
+from runstream.engine.work import TimerDue
 from runstream.schemas.records import Heartbeat, StepStarted
 
 from .corehelp import Core
@@ -129,6 +130,20 @@ def test_a_new_owner_gives_an_attempt_one_full_interval_from_the_takeover():
     assert not core.facts("o1", "StepFailed")
     core.advance(5)
     assert core.facts("o1", "StepFailed")
+
+
+def test_a_new_owners_grace_has_no_fact_but_is_a_change_the_shell_keeps():
+    """The grace moves the attempt's liveness timer; the batch has nothing to commit, so
+    the shell must keep it as a change (`Batch.changed`), or the attempt never times out."""
+    core = Core(app.registry)
+    core.start("o1", "checkout", {})
+    core.advance(5)
+    core.since = core.now  # another instance takes the partition over
+    core.now += 5_000  # 10 s after the start: its timer is due
+    b = core.handle(TimerDue(0, "o1", 2))
+    assert not b.effects.facts and b.empty
+    assert b.changed
+    assert (core.since + 10_000, 2) in core.state("o1").timers()
 
 
 def test_recovery_and_handover_leave_remote_attempts_to_their_workers():

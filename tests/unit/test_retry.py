@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from runstream.audit import check_run
 from runstream.engine import payload
 from runstream.engine.reducer import fold
 from runstream.engine.workflow import Registry, StepPolicy, step_def, workflow_def
+from runstream.errors import StepError
 from runstream.schemas.records import RetriedAsNew, Retry, RunRetried, StepFailed
 
 from .corehelp import Core
@@ -181,3 +184,61 @@ def test_the_audit_refuses_a_retried_as_new_of_an_open_run_or_twice():
     assert check_run([*facts, link]) == []
     assert any("a second RetriedAsNew" in p for p in check_run([*facts, link, link]))
     assert any("has not ended" in p for p in check_run([*facts[:3], link]))
+
+
+async def guarded(ctx, x: int) -> str:
+    """Catches its step's final failure, then waits for a signal: a run timeout (1 min)
+    ends it while it waits."""
+    try:
+        got = str(await ctx.step(third, x))
+    except StepError:
+        got = "failed"
+    await ctx.wait_for_signal("go")
+    return got
+
+
+def _timed_out_after_a_caught_failure() -> Core:
+    bodies.clear()
+    broken["third"] = True
+    reg = Registry()
+    reg.add_workflow(workflow_def(guarded, timeout="1m"))
+    reg.add_step(step_def(third, StepPolicy(retries=0)))
+    core = Core(reg)
+    core.start("g", "guarded", 1)
+    core.advance(60)
+    st = core.state("g")
+    assert st.status == "failed" and st.error.startswith("RunTimedOut: ")
+    return core
+
+
+def test_a_run_that_timed_out_retried_gets_a_fresh_timeout_from_the_retry():
+    core = _timed_out_after_a_caught_failure()
+    core.advance(3600)  # retried an hour later
+    core.command(Retry("g"))
+    st = core.state("g")
+    assert st.status == "running"  # not failed again at once by its expired deadline
+    assert st.deadline_ms == core.now + 60_000
+    core.advance(59)
+    assert core.state("g").status == "running"
+    core.advance(1)
+    assert core.state("g").error.endswith("did not end within its timeout of 60s")
+    core.command(Retry("g"))  # and again: a minute from this retry
+    assert core.state("g").deadline_ms == core.now + 60_000
+    assert fold("g", core.facts("g")) == core.state("g")
+    assert check_run(core.facts("g")) == []
+
+
+@pytest.mark.parametrize("cache_miss", [False, True])
+def test_a_retried_run_goes_on_alike_whether_its_coroutine_was_cached_or_not(cache_miss):
+    """Its coroutine, suspended at the signal, had caught the step's failure; the retry
+    reopens that step, so the run must replay from the start, as after a cache miss."""
+    core = _timed_out_after_a_caught_failure()
+    broken["third"] = False
+    if cache_miss:
+        core.decider.forget(["g"])
+    core.command(Retry("g"))
+    core.signal("g", "go", None)
+    st = core.state("g")
+    assert st.status == "completed" and payload.loads(st.output) == "2"
+    assert bodies == {"third": 2}
+    assert check_run(core.facts("g"), expect_finished=True) == []

@@ -180,7 +180,7 @@ def audit(
                 refused.add((run_id, fact.child_run_id))  # its parent was told so
             elif isinstance(fact, RunStarted) and fact.parent_run_id:
                 parents[run_id] = fact.parent_run_id
-            elif isinstance(fact, EventMatched) and fact.event_id:
+            elif isinstance(fact, EventMatched) and fact.event_id and not fact.undone:
                 matched[fact.subscriber, fact.seq].append((fact.event_id, p, offset))
             elif isinstance(fact, EventReceived):
                 received.append((run_id, fact.seq, fact.event_id, p, offset))

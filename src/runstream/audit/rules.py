@@ -423,6 +423,7 @@ class RunCheck:
         if self.status is not None:  # a finished run keeps only what spots a duplicate
             self.open.clear()
             self.recovering.clear()
+            self.permits.clear()  # its end withdrew its requests (a retry asks again)
             if self.status not in ("failed", "dead"):  # those may be retried
                 self.seqs.clear()
                 self.completed.clear()

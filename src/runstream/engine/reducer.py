@@ -131,6 +131,8 @@ def _run(state: RunState, fact: Fact) -> None:
             state.reason = state.code = None
             state.reply_to, state.request_id = fact.reply_to, fact.request_id
             state.deadline_ms, state.parent_seq = fact.deadline_ms, fact.parent_seq
+            if fact.deadline_ms is not None:
+                state.timeout_ms = fact.deadline_ms - fact.at_ms
         case RunRejected():
             state.workflow, state.status = fact.workflow, Status.REJECTED
             state.reason, state.code = fact.reason, fact.code
@@ -249,6 +251,9 @@ def _reopen(state: RunState, fact: RunRetried) -> None:
     state.status, state.ended_at_ms = Status.RUNNING, None
     state.error = state.reason = state.code = None
     state.recoveries = 0
+    state.retries += 1  # a coroutine suspended before this is out of date (engine.replay)
+    if fact.deadline_ms is not None:  # None from an older engine: the old deadline stays
+        state.deadline_ms = fact.deadline_ms
     for seq in fact.seqs:
         failed = state.resolved.pop(seq)
         assert isinstance(failed, StepFailed)
@@ -274,6 +279,8 @@ def _correlate(
             state.delivered = {d for d in state.delivered if d[1] in kept}
         case EventSubscribed():
             state.subscriptions.append((fact.subscriber, fact.seq))
+        case EventMatched(undone=True):  # given back: a later wait of the run may have it
+            state.delivered.discard((fact.subscriber, fact.event_id))
         case EventMatched():
             if (fact.subscriber, fact.seq) in state.subscriptions:
                 state.subscriptions.remove((fact.subscriber, fact.seq))

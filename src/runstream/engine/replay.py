@@ -443,10 +443,16 @@ class Replayer:
     ) -> Replay:
         """As `replay`, resuming the run's coroutine when it fits ``state``."""
         live = self._live.pop(state.run_id, None)
-        if live is None or live.wf is not wf or state.facts < live.facts:
+        # A retry since it suspended reopened steps it saw fail: start again from scratch.
+        if (
+            live is None
+            or live.wf is not wf
+            or state.facts < live.facts
+            or live.retries != state.retries
+        ):
             if live is not None:
                 live.close()
-            live = _Live(wf, Context(state, self.registry, now_ms))
+            live = _Live(wf, Context(state, self.registry, now_ms), state.retries)
         result = live.run(state, now_ms, guard)
         if isinstance(result.outcome, Blocked):
             live.facts = state.facts + len(result.new_facts)
@@ -468,12 +474,13 @@ class Replayer:
 class _Live:
     """A workflow's coroutine and context, started or suspended."""
 
-    __slots__ = ("coro", "ctx", "facts", "wf")
+    __slots__ = ("coro", "ctx", "facts", "retries", "wf")
 
-    def __init__(self, wf: WorkflowDef, ctx: Context) -> None:
+    def __init__(self, wf: WorkflowDef, ctx: Context, retries: int = 0) -> None:
         self.wf, self.ctx = wf, ctx
         self.coro: Coroutine[Any, Any, Any] | None = None
         self.facts = 0  # the run's facts when it suspended, its own new ones included
+        self.retries = retries  # the run's RunRetried facts when it started
 
     def run(
         self, state: RunState, now_ms: int, guard: AbstractContextManager[None] | None

@@ -82,6 +82,7 @@ class RunState:
     status: Status = Status.RUNNING
     started_at_ms: int = 0
     deadline_ms: int | None = None  # the run times out then
+    timeout_ms: int | None = None  # its execution timeout (from its start, or its retry)
     parent_seq: int | None = None  # where the parent awaits this run's end
     ended_at_ms: int | None = None
     resolved: dict[int, SeqFact] = field(default_factory=dict)
@@ -94,6 +95,7 @@ class RunState:
     # projection keeps them beside the facts, and a new owner starts them afresh.
     beats: dict[int, Beat] = field(default_factory=dict)
     recoveries: int = 0
+    retries: int = 0  # RunRetried facts: each reopens steps a suspended coroutine saw fail
     compensation: CompensationStarted | None = None  # while compensating
     output: bytes | None = None
     error: str | None = None

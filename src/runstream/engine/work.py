@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from runstream.engine.state import State
+from runstream.engine.state import State, beats_of
 from runstream.engine.workflow import StepDef
 from runstream.schemas.records import (
     Command,
@@ -262,6 +262,7 @@ class Batch:
 
     @property
     def empty(self) -> bool:
+        """Nothing to produce or commit: the batch needs no transaction (see `changed`)."""
         fx = self.effects
         return not (
             fx.waiters
@@ -272,3 +273,10 @@ class Batch:
             or fx.forwards
             or fx.commands
         )
+
+    @property
+    def changed(self) -> bool:
+        """A run's state changed with no fact: its heartbeats, which the projection keeps
+        beside the facts (a new owner's grace for a remote attempt is one). An empty batch
+        with such a change needs no transaction, but the shell keeps it and arms its timers."""
+        return any(beats_of(w.after) != beats_of(w.before) for w in self.runs.values())

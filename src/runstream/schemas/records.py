@@ -306,6 +306,9 @@ class Subscribe(Record):
     key: str = ""
     cancel: bool = False
     sent_at_ms: int = 0
+    # With cancel: the event matched to the wait at seq, given back (it had timed out).
+    event_id: str = ""
+    payload: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +319,7 @@ class DeliverEvent(Record):
     event_id: str
     payload: bytes
     sent_at_ms: int = 0
+    key: str = ""  # the event's key: where the run gives it back if its wait timed out
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,6 +357,7 @@ class Grant(Record):
     granted: bool = True
     reason: str = ""
     sent_at_ms: int = 0
+    request_id: str = ""  # the request answered: a stale one is released, not taken
 
 
 @dataclass(frozen=True, slots=True)
@@ -598,6 +603,7 @@ class EventMatched(Record):
     subscriber: str
     seq: int
     event_id: str  # empty: the subscription was dropped
+    undone: bool = False  # the run gave the event back: its wait had timed out
 
 
 @dataclass(frozen=True, slots=True)
@@ -718,6 +724,7 @@ class RunRetried(Record):
     at_ms: int
     seqs: list[int] = field(default_factory=list)
     reason: str = ""
+    deadline_ms: int | None = None  # its timeout again, from the retry
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,12 +20,14 @@ from runstream.schemas.records import (
     EventPublished,
     EventReceived,
     EventSubscribed,
+    EventTimedOut,
     Kind,
     LifecycleEvent,
     PublishEvent,
     Reason,
     StartRun,
     Subscribe,
+    correlation_id,
 )
 
 
@@ -122,6 +124,8 @@ def subscribe(ctx: Rules, b: Batch, corr: EventEntityState, cmd: Subscribe) -> N
     if cmd.cancel:
         if (cmd.subscriber, cmd.seq) in corr.subscriptions:
             core.emit(b, corr, EventMatched(corr.run_id, b.now, cmd.subscriber, cmd.seq, ""))
+        if cmd.event_id:
+            _given_back(b, corr, cmd)
         return
     for event in corr.events:
         fresh = event.expires_at_ms > b.now
@@ -131,20 +135,45 @@ def subscribe(ctx: Rules, b: Batch, corr: EventEntityState, cmd: Subscribe) -> N
     core.emit(b, corr, EventSubscribed(corr.run_id, b.now, cmd.subscriber, cmd.seq))
 
 
+def _given_back(b: Batch, corr: EventEntityState, cmd: Subscribe) -> None:
+    """The event matched to the run's wait at ``cmd.seq`` came back: that wait had
+    timed out. The run's next wait here gets it now; with none open yet, the match
+    is undone, so the next one gets it while it is within its time to live."""
+    later = [s for run_id, s in corr.subscriptions if run_id == cmd.subscriber]
+    if later:
+        _deliver(b, corr, cmd.subscriber, min(later), cmd)
+        return
+    undone = EventMatched(corr.run_id, b.now, cmd.subscriber, cmd.seq, cmd.event_id, True)
+    core.emit(b, corr, undone)
+
+
 def _deliver(
-    b: Batch, corr: EventEntityState, run_id: str, seq: int, event: EventPublished
+    b: Batch,
+    corr: EventEntityState,
+    run_id: str,
+    seq: int,
+    event: EventPublished | Subscribe,
 ) -> None:
     core.emit(b, corr, EventMatched(corr.run_id, b.now, run_id, seq, event.event_id))
+    data = event.payload or b"null"
     b.effects.commands.append(
-        DeliverEvent(run_id, seq, event.name, event.event_id, event.payload, b.now)
+        DeliverEvent(run_id, seq, event.name, event.event_id, data, b.now, event.key)
     )
 
 
 def deliver_event(ctx: Rules, b: Batch, st: RunState, cmd: DeliverEvent) -> None:
-    """The event matched to the run's wait at ``seq``; too late if the wait is over."""
+    """The event matched to the run's wait at ``seq``. If that wait timed out first,
+    the event goes back to its entity for the run's next wait: never lost."""
     waiting = st.pending.get(cmd.seq)
     if not isinstance(waiting, EventAwaited) or waiting.name != cmd.name:
-        return  # it timed out, or the run ended: the event was not for it anymore
+        if isinstance(st.resolved.get(cmd.seq), EventTimedOut) and not st.terminal:
+            corr = correlation_id(cmd.name, cmd.key)
+            back = Subscribe(
+                corr, cmd.name, st.run_id, cmd.seq, cmd.key, True, b.now, cmd.event_id,
+                cmd.payload,
+            )  # fmt: skip
+            b.effects.commands.append(back)
+        return  # else the run ended, or it had this event already
     received = EventReceived(st.run_id, b.now, cmd.seq, cmd.name, cmd.event_id, cmd.payload)
     core.emit(b, st, received)
     core.advance(ctx, b, st)

@@ -51,8 +51,10 @@ def run_permit(wf: WorkflowDef, run_id: str, data: bytes) -> Acquire | None:
 # -- the run's side ---------------------------------------------------------------------
 def request(b: Batch, st: RunState, ask: Acquire) -> None:
     """Ask the limit for a permit; the run waits at ``ask.seq`` for the Grant."""
-    # Its id names it apart from every other request (the Release must name it).
-    request_id = f"{ask.seq}.{ask.attempt}.{b.now:x}"
+    # Its id names it apart from every other request (the Grant and the Release name
+    # it): the fact's index in the run's history, unique even for a request withdrawn
+    # and asked again at the same seq within one millisecond (a time would repeat).
+    request_id = f"{ask.seq}.{ask.attempt}.{st.facts}"
     asked = PermitRequested(st.run_id, b.now, ask.seq, ask.run_id, ask.attempt, request_id)
     core.emit(b, st, asked)
     b.effects.commands.append(replace(ask, sent_at_ms=b.now, request_id=request_id))
@@ -60,18 +62,17 @@ def request(b: Batch, st: RunState, ask: Acquire) -> None:
 
 def grant(ctx: Rules, b: Batch, st: RunState, cmd: Grant) -> None:
     """A limit's answer. A permit nobody waits for any more (the run ended, or it
-    compensates) goes straight back."""
+    compensates, or the grant answers an earlier request, withdrawn: a run timed out
+    and retried at once asks again at the same seq) goes straight back."""
     asked = st.pending.get(cmd.seq)
     if not (
         isinstance(asked, PermitRequested)
         and asked.limit == cmd.limit
+        and cmd.request_id in ("", asked.request_id)  # "": a grant by an older engine
         and (st.compensation is None or cmd.seq < 0)
     ):
-        if cmd.granted:
-            mine = st.permits.get(cmd.seq)
-            request_id = mine.request_id if mine and mine.limit == cmd.limit else ""
-            release = Release(cmd.limit, st.run_id, cmd.seq, b.now, request_id)
-            b.effects.commands.append(release)
+        if cmd.granted:  # that request's permit only, not one the run waits for now
+            b.effects.commands.append(release_of(b, st, cmd))
         return
     received = PermitReceived(
         st.run_id, b.now, cmd.seq, cmd.limit, asked.attempt, cmd.granted, cmd.reason
@@ -91,8 +92,9 @@ def give_back(b: Batch, st: RunState, seq: int) -> None:
         b.effects.commands.append(release_of(b, st, asked))
 
 
-def release_of(b: Batch, st: RunState, asked: PermitRequested) -> Release:
-    """The Release that gives back the permit (or withdraws the request) ``asked``."""
+def release_of(b: Batch, st: RunState, asked: PermitRequested | Grant) -> Release:
+    """The Release that gives back the permit (or withdraws the request) ``asked``, or
+    the one a Grant answers."""
     return Release(asked.limit, st.run_id, asked.seq, b.now, asked.request_id)
 
 
@@ -113,7 +115,8 @@ def acquire(ctx: Rules, b: Batch, ent: LimitState, cmd: Acquire) -> None:
         reason = (
             f"{len(ent.queue)} runs wait for {ent.run_id} already (max_queued={cmd.max_queued})"
         )
-        b.effects.commands.append(Grant(cmd.holder, cmd.seq, ent.run_id, False, reason, b.now))
+        refused = Grant(cmd.holder, cmd.seq, ent.run_id, False, reason, b.now, cmd.request_id)
+        b.effects.commands.append(refused)
         return
     queued = PermitQueued(
         ent.run_id, b.now, cmd.holder, cmd.seq, cmd.priority, cmd.fairness, cmd.request_id
@@ -142,4 +145,4 @@ def grant_waiting(b: Batch, ent: LimitState) -> None:
 
 def _give(b: Batch, ent: LimitState, holder: str, seq: int, fairness: str, request_id: str) -> None:
     core.emit(b, ent, PermitGranted(ent.run_id, b.now, holder, seq, fairness, request_id))
-    b.effects.commands.append(Grant(holder, seq, ent.run_id, True, "", b.now))
+    b.effects.commands.append(Grant(holder, seq, ent.run_id, True, "", b.now, request_id))

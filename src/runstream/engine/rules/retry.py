@@ -48,7 +48,10 @@ def retry(ctx: Rules, b: Batch, st: RunState, cmd: Retry) -> None:
     reason = ctx.limits.clip(cmd.reason or "retried")
     wf = ctx.registry.get(st.workflow, st.version)
     permit = limits.run_permit(wf, st.run_id, st.input) if wf is not None else None
-    core.emit(b, st, RunRetried(st.run_id, b.now, failed, reason))
+    # A retried run has its whole timeout again, from the retry: its old deadline
+    # may have passed (it may be why it failed), and it would fail again at once.
+    deadline = None if st.timeout_ms is None else b.now + st.timeout_ms
+    core.emit(b, st, RunRetried(st.run_id, b.now, failed, reason, deadline))
     if permit is not None:  # it gave its permit back when it ended: ask again
         limits.request(b, st, permit)
         return

@@ -80,7 +80,7 @@ def _time_out(ctx: Rules, b: Batch, st: RunState) -> None:
     due = st.deadline_ms
     if due is None or due > b.now or st.terminal or st.compensation is not None:
         return  # not yet, or already ending
-    took = (due - st.started_at_ms) / 1000
+    took = (st.timeout_ms or due - st.started_at_ms) / 1000
     error = f"{TIMED_OUT}run {st.run_id!r} did not end within its timeout of {took:g}s"
     if core.in_flight(st) or core.compensations(ctx, b, st):
         core.emit(b, st, CompensationStarted(st.run_id, b.now, error, "", False))
