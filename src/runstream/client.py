@@ -195,11 +195,11 @@ class Client:
         cmd = StartRun(
             run_id,
             name,
-            payload.dumps(input),
-            version,
-            None,
-            dict(tags or {}),
-            _now_ms(),
+            input=payload.dumps(input),
+            version=version,
+            parent_run_id=None,
+            tags=dict(tags or {}),
+            sent_at_ms=_now_ms(),
             reply_to=reply_to,
             request_id=request_id,
             timeout_ms=None if timeout is None else int(seconds(timeout) * 1000),
@@ -221,7 +221,13 @@ class Client:
     ) -> None:
         """Send signal ``name`` to a run; a signal id makes retries of this call count once."""
         self._send(
-            Signal(run_id, name, payload.dumps(value), signal_id or uuid.uuid4().hex, _now_ms())
+            Signal(
+                run_id,
+                name,
+                payload=payload.dumps(value),
+                signal_id=signal_id or uuid.uuid4().hex,
+                sent_at_ms=_now_ms(),
+            )
         )
 
     def cancel(
@@ -239,7 +245,12 @@ class Client:
         if children not in ("cancel", "abandon"):
             raise ValueError(f"children must be 'cancel' or 'abandon', not {children!r}")
         abandon = children == "abandon"
-        self._send(Cancel(run_id, compensate, reason, _now_ms(), abandon), wait)
+        self._send(
+            Cancel(
+                run_id, compensate, reason=reason, sent_at_ms=_now_ms(), abandon_children=abandon
+            ),
+            wait,
+        )
 
     def publish(
         self,
@@ -259,7 +270,16 @@ class Client:
         ttl_ms = int(seconds(ttl) * 1000)
         corr = correlation_id(name, key)
         self._send(
-            PublishEvent(corr, name, event_id, payload.dumps(value), key, ttl_ms, _now_ms()), wait
+            PublishEvent(
+                corr,
+                name,
+                event_id=event_id,
+                payload=payload.dumps(value),
+                key=key,
+                ttl_ms=ttl_ms,
+                sent_at_ms=_now_ms(),
+            ),
+            wait,
         )
         return event_id
 
@@ -272,7 +292,17 @@ class Client:
         missed while no engine ran is caught up once, never twice. A bad cron expression
         or time zone, or an unknown workflow, is dead-lettered with the reason."""
         wf, data = _workflow_name(workflow), payload.dumps(input)
-        self._send(ScheduleCommand(schedule_id(name), "set", wf, data, cron, tz, _now_ms()))
+        self._send(
+            ScheduleCommand(
+                schedule_id(name),
+                "set",
+                workflow=wf,
+                input=data,
+                cron=cron,
+                tz=tz,
+                sent_at_ms=_now_ms(),
+            )
+        )
 
     def pause_schedule(self, name: str) -> None:
         """Stop firing schedule ``name`` until it is resumed."""
@@ -299,7 +329,7 @@ class Client:
         if input is _KEEP:
             self._send(Retry(run_id, reason, sent_at_ms=_now_ms()))
             return run_id
-        self._send(Retry(run_id, reason, payload.dumps(input), _now_ms()))
+        self._send(Retry(run_id, reason, input=payload.dumps(input), sent_at_ms=_now_ms()))
         return continuation_of(run_id)
 
     # -- questions -------------------------------------------------------------------
@@ -376,7 +406,7 @@ class Client:
             else:
                 request_id = uuid.uuid4().hex
                 self._asked.add(request_id)
-                self._send(Query(run_id, request_id, self.client_id, wait))
+                self._send(Query(run_id, request_id, reply_to=self.client_id, wait=wait))
             ask_again = time.monotonic() + again
             try:
                 while True:

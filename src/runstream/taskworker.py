@@ -338,15 +338,15 @@ class TaskWorker:
         return StepResult(
             task.run_id,
             task.seq,
-            task.attempt,
-            ok,
-            output if ok else b"null",
-            None if error is None else tl.limits.clip(error),
-            None if o.traceback is None else tl.limits.clip(o.traceback),
-            task.attempt_id,
-            retryable,
-            o.duration_ms,
-            self.worker_id,
+            attempt=task.attempt,
+            ok=ok,
+            output=output if ok else b"null",
+            error=None if error is None else tl.limits.clip(error),
+            traceback=None if o.traceback is None else tl.limits.clip(o.traceback),
+            attempt_id=task.attempt_id,
+            retryable=retryable,
+            duration_ms=o.duration_ms,
+            worker=self.worker_id,
         )
 
     def _refuse(self, tl: TaskLog, task: StepTask, error: str) -> StepResult:
@@ -413,7 +413,9 @@ class TaskWorker:
             if too_large:
                 log.warning("heartbeat details of step %r dropped: %s", task.name, too_large)
                 data = None
-        beat = Heartbeat(task.run_id, task.seq, task.attempt_id, data, _now_ms())
+        beat = Heartbeat(
+            task.run_id, task.seq, attempt_id=task.attempt_id, details=data, sent_at_ms=_now_ms()
+        )
         key = task.run_id.encode()
         tl.send(
             self.topics.commands, partition_for(key, tl.partitions), key, self.codec.encode(beat)

@@ -227,7 +227,11 @@ class WorkflowTester:
         if run_id is None:
             self._run_ids += 1
             run_id = f"{name}-{self._run_ids}"
-        self._send(StartRun(run_id, name, payload.dumps(input), version, tags=dict(tags or {})))
+        self._send(
+            StartRun(
+                run_id, name, input=payload.dumps(input), version=version, tags=dict(tags or {})
+            )
+        )
         return Run(self, run_id)
 
     def run(self, run_id: str) -> Run:
@@ -242,7 +246,7 @@ class WorkflowTester:
         if not signal_id:
             self._signal_ids += 1
             signal_id = f"test-signal-{self._signal_ids}"
-        self._send(Signal(run_id, name, payload.dumps(value), signal_id))
+        self._send(Signal(run_id, name, payload=payload.dumps(value), signal_id=signal_id))
 
     def publish(
         self, name: str, value: Any = None, *, key: str = "", ttl: Duration = 0, event_id: str = ""
@@ -253,7 +257,16 @@ class WorkflowTester:
             self._signal_ids += 1
             event_id = f"test-event-{self._signal_ids}"
         corr = correlation_id(name, key)
-        self._send(PublishEvent(corr, name, event_id, payload.dumps(value), key, _ms(ttl)))
+        self._send(
+            PublishEvent(
+                corr,
+                name,
+                event_id=event_id,
+                payload=payload.dumps(value),
+                key=key,
+                ttl_ms=_ms(ttl),
+            )
+        )
         return event_id
 
     def schedule(
@@ -262,11 +275,15 @@ class WorkflowTester:
         """Create or replace schedule ``name`` (see `Client.schedule`); its fires come as
         the fake clock moves."""
         data = payload.dumps(input)
-        self._send(ScheduleCommand(schedule_id(name), "set", workflow, data, cron, tz))
+        self._send(
+            ScheduleCommand(
+                schedule_id(name), "set", workflow=workflow, input=data, cron=cron, tz=tz
+            )
+        )
 
     def cancel(self, run_id: str, *, compensate: bool = False, reason: str = "") -> None:
         """Cancel a run (see `Client.cancel`). Raises RunNotFound."""
-        self._send(Cancel(run_id, compensate, reason))
+        self._send(Cancel(run_id, compensate, reason=reason))
 
     def advance(self, duration: Duration) -> None:
         """Let ``duration`` of fake time pass (seconds, "10m", "1d", a timedelta): the
@@ -354,9 +371,18 @@ class WorkflowTester:
             o = self._execute(StepJob(PARTITION, task.run_id, task.seq, task.attempt, step, args))
         output = o.output if o.ok else b"null"
         return StepResult(
-            task.run_id, task.seq, task.attempt, o.ok, output, o.error, o.traceback,
-            task.attempt_id, o.retryable, o.duration_ms, "tester",
-        )  # fmt: skip
+            task.run_id,
+            task.seq,
+            attempt=task.attempt,
+            ok=o.ok,
+            output=output,
+            error=o.error,
+            traceback=o.traceback,
+            attempt_id=task.attempt_id,
+            retryable=o.retryable,
+            duration_ms=o.duration_ms,
+            worker="tester",
+        )
 
     def _execute(self, job: StepJob) -> StepOutcome:
         fake = self._fakes.get(job.step.name)

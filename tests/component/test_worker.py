@@ -112,7 +112,7 @@ def send(cluster: Cluster, ns: str, cmd: Record, partition: int | None = None) -
 
 
 def start(cluster: Cluster, ns: str, run_id: str, workflow: str, value: Any = None) -> None:
-    send(cluster, ns, StartRun(run_id, workflow, payload.dumps(value)))
+    send(cluster, ns, StartRun(run_id, workflow, input=payload.dumps(value)))
 
 
 def facts(cluster: Cluster, ns: str, run_id: str | None = None) -> list[Any]:
@@ -177,7 +177,7 @@ def test_a_failed_decision_is_undone_and_dead_lettered_while_its_batch_commits(
 
     monkeypatch.setitem(HANDLERS, Signal, Entry(kind, buggy))
     for run_id in ("ok1", "bad", "ok2"):
-        send(cluster, ns, Signal(run_id, "hello", b"1", f"s-{run_id}"))
+        send(cluster, ns, Signal(run_id, "hello", payload=b"1", signal_id=f"s-{run_id}"))
     rig.until(lambda: len(dead_letters(cluster, ns)) == 1)
     (letter,) = dead_letters(cluster, ns)
     assert (letter.code, letter.run_id) == ("internal-error", "bad")
@@ -193,7 +193,7 @@ def test_a_command_on_the_wrong_partition_is_forwarded_to_its_own(tmp_path, ns):
     rig.log.assign([0, 1, 2, 3])
     home = partition_for(b"lost", cluster.partitions)
     wrong = (home + 1) % cluster.partitions
-    send(cluster, ns, StartRun("lost", "three", b"1"), partition=wrong)
+    send(cluster, ns, StartRun("lost", "three", input=b"1"), partition=wrong)
     rig.until(lambda: "lost" in ended(cluster, ns))
     assert ended(cluster, ns)["lost"] == 4
     commands = cluster.all(f"{ns}.commands")
@@ -294,7 +294,7 @@ def test_the_client_that_started_a_run_hears_its_end_from_the_next_owner(tmp_pat
     app = make_app(ns, bodies, gate)
     w1 = Rig(app, cluster, tmp_path, "w1", handover_timeout=0)
     w1.log.assign([0, 1, 2, 3])
-    cmd = StartRun("g", "gated", payload.dumps(7), reply_to="client-1", request_id="q1")
+    cmd = StartRun("g", "gated", input=payload.dumps(7), reply_to="client-1", request_id="q1")
     send(cluster, ns, cmd)
     w1.until(lambda: bodies["slow 7"] == 1)
     w1.log.revoke([0, 1, 2, 3])
@@ -316,7 +316,7 @@ def test_a_sleeping_run_has_one_timer_entry_however_often_it_is_touched(tmp_path
     start(cluster, ns, "sleeper", "nap")
     rig.until(lambda: len(rig.worker._inbox.timers) == 1)
     for i in range(20):  # each signal commits a fact of the run, its timer unchanged
-        send(cluster, ns, Signal("sleeper", "poke", b"1", f"s{i}"))
+        send(cluster, ns, Signal("sleeper", "poke", payload=b"1", signal_id=f"s{i}"))
         rig.turn()
     assert len(facts(cluster, ns, "sleeper")) == 22
     assert len(rig.worker._inbox.timers) == 1 and len(rig.worker._inbox.timers._heap) == 1

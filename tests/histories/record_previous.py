@@ -45,7 +45,16 @@ def main() -> None:
     deliver(core)
     # An event for another key waits within its ttl at its entity.
     corr = correlation_id("paid", "o-2")
-    core.command(PublishEvent(corr, "paid", "e-2", payload.dumps({"by": "card"}), "o-2", 3_600_000))
+    core.command(
+        PublishEvent(
+            corr,
+            "paid",
+            event_id="e-2",
+            payload=payload.dumps({"by": "card"}),
+            key="o-2",
+            ttl_ms=3_600_000,
+        )
+    )
     deliver(core)
     lines = [
         json.dumps({"value": base64.b64encode(core.codec.encode(f)).decode()}) for f in core.journal

@@ -50,14 +50,18 @@ def test_payloads_too_large_get_their_outcome_and_the_instance_carries_on(
     try:
         with pytest.raises(runstream.PayloadTooLarge, match="StartRun"):  # never sent
             client.start("three_steps", "x" * TWO_MB, run_id="huge")
-        produce(StartRun("near", "three_steps", payload.dumps("x" * NEAR_LIMIT)))
+        produce(StartRun("near", "three_steps", input=payload.dumps("x" * NEAR_LIMIT)))
         with pytest.raises(runstream.RunRejected, match="oversize"):
             client.result("near", timeout=60)
 
         client.start("approval", None, run_id="waits")
         with pytest.raises(runstream.PayloadTooLarge, match="Signal"):
             client.signal("waits", "approve", "y" * TWO_MB)
-        produce(Signal("waits", "approve", payload.dumps("y" * NEAR_LIMIT), "big-signal"))
+        produce(
+            Signal(
+                "waits", "approve", payload=payload.dumps("y" * NEAR_LIMIT), signal_id="big-signal"
+            )
+        )
 
         client.start("big_output", TWO_MB, run_id="big-step")
         out = client.result("big-step", timeout=60)

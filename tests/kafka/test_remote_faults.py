@@ -175,9 +175,13 @@ def test_results_for_no_open_attempt_change_nothing_and_say_why(remote, kafka_bo
     runs = _journal_by_run(kafka_bootstrap, ns)
     settled = next(f for f in runs["done"] if type(f).__name__ == "StepStarted")
     stale = [
-        StepResult("done", settled.seq, 1, True, b"99", attempt_id=settled.attempt_id),  # ended
-        StepResult("done", 7, 1, True, b"99", attempt_id="7.1.0"),  # no such step
-        StepResult("nobody", 1, 1, True, b"99", attempt_id="1.1.0"),  # no such run
+        StepResult(  # ended
+            "done", settled.seq, attempt=1, ok=True, output=b"99", attempt_id=settled.attempt_id
+        ),
+        StepResult("done", 7, attempt=1, ok=True, output=b"99", attempt_id="7.1.0"),  # no such step
+        StepResult(  # no such run
+            "nobody", 1, attempt=1, ok=True, output=b"99", attempt_id="1.1.0"
+        ),
     ]
     producer = Producer({**client_config(kafka_bootstrap), "partitioner": "murmur2_random"})
     codec = Codec.default()

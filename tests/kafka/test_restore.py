@@ -43,8 +43,8 @@ def test_restore_waits_for_a_journal_transaction_still_being_decided(
     predecessor.init_transactions(30)
     predecessor.begin_transaction()
     for fact in (
-        RunStarted(run_id, now, "approval", "1", b"null"),
-        SignalAwaited(run_id, now, 1, "approve", None),
+        RunStarted(run_id, now, workflow="approval", version="1", input=b"null"),
+        SignalAwaited(run_id, now, seq=1, name="approve", timeout_at_ms=None),
     ):
         predecessor.produce(f"{ns}.journal", codec.encode(fact), run_id.encode(), partition=p)
     predecessor.flush(30)

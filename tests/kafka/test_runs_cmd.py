@@ -40,9 +40,28 @@ def bulk_events() -> list[LifecycleEvent]:
     for i in range(BULK):
         run, workflow = f"bulk-{i:05}", "bulk" if i % 2 else "other"
         tags = {"customer": f"c-{i % 50}"}
-        out.append(LifecycleEvent("run.started", run, T0 + i, workflow, "1", "running", tags=tags))
+        out.append(
+            LifecycleEvent(
+                "run.started",
+                run,
+                at_ms=T0 + i,
+                workflow=workflow,
+                version="1",
+                status="running",
+                tags=tags,
+            )
+        )
         if i % 3 == 0:
-            out.append(LifecycleEvent("run.completed", run, T0 + i + 5, workflow, "1", "completed"))
+            out.append(
+                LifecycleEvent(
+                    "run.completed",
+                    run,
+                    at_ms=T0 + i + 5,
+                    workflow=workflow,
+                    version="1",
+                    status="completed",
+                )
+            )
     return out
 
 
@@ -334,9 +353,30 @@ def test_runs_tail_prints_matching_lifecycle_events_as_json_lines(kafka_bootstra
                 kafka_bootstrap,
                 f"{ns}.lifecycle",
                 [
-                    LifecycleEvent("run.started", f"w-{n}", T0 + n, "wanted", "1", "running"),
-                    LifecycleEvent("run.completed", f"u-{n}", T0 + n, "unwanted", "1", "completed"),
-                    LifecycleEvent("run.completed", f"w-{n}", T0 + n, "wanted", "1", "completed"),
+                    LifecycleEvent(
+                        "run.started",
+                        f"w-{n}",
+                        at_ms=T0 + n,
+                        workflow="wanted",
+                        version="1",
+                        status="running",
+                    ),
+                    LifecycleEvent(
+                        "run.completed",
+                        f"u-{n}",
+                        at_ms=T0 + n,
+                        workflow="unwanted",
+                        version="1",
+                        status="completed",
+                    ),
+                    LifecycleEvent(
+                        "run.completed",
+                        f"w-{n}",
+                        at_ms=T0 + n,
+                        workflow="wanted",
+                        version="1",
+                        status="completed",
+                    ),
                 ],
             )
             time.sleep(0.5)

@@ -138,9 +138,9 @@ def _task(run_id: str, name: str, args: list[Any], seq: int = 1, **kw: Any) -> S
     return StepTask(
         run_id,
         seq,
-        1,
-        name,
-        payload.dumps(args),
+        attempt=1,
+        name=name,
+        args=payload.dumps(args),
         attempt_id=f"{run_id}/{seq}/1/{uuid.uuid4().hex[:6]}",
         group=GROUP,
         sent_at_ms=time.time_ns() // 1_000_000,

@@ -68,7 +68,9 @@ def rows(result: Result) -> dict[str, dict]:
 def task(run_id: str, group: str, seq: int = 1) -> bytes:
     attempt_id = f"{run_id}/{seq}/1"
     return CODEC.encode(
-        StepTask(run_id, seq, 1, "charge", b"{}", attempt_id=attempt_id, group=group)
+        StepTask(
+            run_id, seq, attempt=1, name="charge", args=b"{}", attempt_id=attempt_id, group=group
+        )
     )
 
 
@@ -106,12 +108,22 @@ def produce_facts(bootstrap: str, ns: str, facts: list[Record]) -> None:
 
 
 def started(run: str, at: int, group: str | None = PAY, seq: int = 1, attempt: int = 1):
-    return StepStarted(run, at, seq, "charge", attempt, f"{run}/{seq}/{attempt}", group=group)
+    return StepStarted(
+        run,
+        at,
+        seq=seq,
+        name="charge",
+        attempt=attempt,
+        attempt_id=f"{run}/{seq}/{attempt}",
+        group=group,
+    )
 
 
 def timed_out(run: str, at: int, seq: int = 1) -> StepFailed:
     error = f"{STEP_TIMED_OUT}no result within the attempt's timeout of 30s"
-    return StepFailed(run, at, seq, "charge", 1, error, "", retry_at_ms=at + 1000)
+    return StepFailed(
+        run, at, seq=seq, name="charge", attempt=1, error=error, traceback="", retry_at_ms=at + 1000
+    )
 
 
 def test_status_shows_workers_lag_oldest_task_in_flight_and_timeouts(kafka_bootstrap, ns):
@@ -164,13 +176,29 @@ def test_status_shows_workers_lag_oldest_task_in_flight_and_timeouts(kafka_boots
                 started("open-2", now - 59_000, attempt=2),
                 # settled: completed, failed (not a timeout), handed over, run cancelled
                 started("done", now - 3000),
-                StepCompleted("done", now - 2000, 1, "charge", b"1", 1, 1000),
+                StepCompleted(
+                    "done",
+                    now - 2000,
+                    seq=1,
+                    name="charge",
+                    output=b"1",
+                    attempt=1,
+                    duration_ms=1000,
+                ),
                 started("failed", now - 3000),
-                StepFailed("failed", now - 2000, 1, "charge", 1, "ValueError: boom", ""),
+                StepFailed(
+                    "failed",
+                    now - 2000,
+                    seq=1,
+                    name="charge",
+                    attempt=1,
+                    error="ValueError: boom",
+                    traceback="",
+                ),
                 started("moved", now - 3000),
-                StepHandedOver("moved", now - 2000, 1, "charge", 1, True),
+                StepHandedOver("moved", now - 2000, seq=1, name="charge", attempt=1, ran=True),
                 started("cancelled", now - 3000),
-                RunCancelled("cancelled", now - 2000, "asked"),
+                RunCancelled("cancelled", now - 2000, reason="asked"),
                 # a timeout two hours ago: outside the default 15 minutes
                 started("long-ago", now - 7_300_000),
                 timed_out("long-ago", now - 7_200_000),

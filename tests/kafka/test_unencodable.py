@@ -36,7 +36,7 @@ def _start_raw(bootstrap: str, ns: str, run_id: str, workflow: str, data: bytes)
     """A StartRun as a producer in another language writes it: input bytes as they came."""
     producer = Producer(client_config(bootstrap))
     key = run_id.encode()
-    value = Codec.default().encode(StartRun(run_id, workflow, data))
+    value = Codec.default().encode(StartRun(run_id, workflow, input=data))
     producer.produce(f"{ns}.commands", value, key, partition=partition_for(key, PARTITIONS))
     assert producer.flush(30) == 0
 

@@ -106,21 +106,23 @@ class Core:
     def start(
         self, run_id: str, workflow: str, value: Any = None, version: str | None = None
     ) -> Batch:
-        return self.command(StartRun(run_id, workflow, payload.dumps(value), version))
+        return self.command(StartRun(run_id, workflow, input=payload.dumps(value), version=version))
 
     def signal(self, run_id: str, name: str, value: Any, signal_id: str = "") -> Batch:
         signal_id = signal_id or f"{name}-{len(self.journal)}"
-        return self.command(Signal(run_id, name, payload.dumps(value), signal_id))
+        return self.command(Signal(run_id, name, payload=payload.dumps(value), signal_id=signal_id))
 
     def cancel(self, run_id: str, compensate: bool = False) -> Batch:
-        return self.command(Cancel(run_id, compensate, "by test"))
+        return self.command(Cancel(run_id, compensate, reason="by test"))
 
     def query(self, run_id: str) -> RunInfo:
-        self.command(Query(run_id, "q", "me"))
+        self.command(Query(run_id, "q", reply_to="me"))
         return self.replies[-1][1]
 
     def step_result(self, run_id: str, seq: int, attempt: int, attempt_id: str = "") -> Batch:
-        return self.command(StepResult(run_id, seq, attempt, True, b"1", attempt_id=attempt_id))
+        return self.command(
+            StepResult(run_id, seq, attempt=attempt, ok=True, output=b"1", attempt_id=attempt_id)
+        )
 
     def answer(
         self, task: StepTask, value: Any = None, *, error: str | None = None, retryable: bool = True
@@ -128,7 +130,15 @@ class Core:
         """A task worker's result for ``task``: ``value``, or failed with ``error``."""
         ok, output = error is None, payload.dumps(value) if error is None else b"null"
         result = StepResult(
-            task.run_id, task.seq, task.attempt, ok, output, error, None, task.attempt_id, retryable
+            task.run_id,
+            task.seq,
+            attempt=task.attempt,
+            ok=ok,
+            output=output,
+            error=error,
+            traceback=None,
+            attempt_id=task.attempt_id,
+            retryable=retryable,
         )
         return self.command(result)
 

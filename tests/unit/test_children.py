@@ -143,7 +143,7 @@ def test_fire_and_forget_children_are_cancelled_when_the_parent_ends_first():
 def test_a_child_result_nobody_awaits_is_dead_lettered():
     core = _core()
     core.start("w", "waiter")
-    core.command(ChildResult("w", 7, "w/7", "completed", b"1"))
+    core.command(ChildResult("w", 7, child_run_id="w/7", status="completed", output=b"1"))
     assert [d.code for d in core.dead] == ["unexpected-step-result"]
 
 

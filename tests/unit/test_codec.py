@@ -728,4 +728,4 @@ def test_a_value_of_the_wrong_type_still_fails_with_fastavros_explanation(codec:
     from runstream.schemas.records import StepStarted
 
     with pytest.raises(SchemaError, match="cannot encode StepStarted"):
-        codec.encode(StepStarted("r", 0, "not an int", "name", 1))  # type: ignore[arg-type]
+        codec.encode(StepStarted("r", 0, seq="not an int", name="name", attempt=1))  # type: ignore[arg-type]

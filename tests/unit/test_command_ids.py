@@ -40,11 +40,11 @@ def _core() -> Core:
 @pytest.mark.parametrize(
     "cmd",
     [
-        Acquire("r", "x", 1, concurrency=1),
-        Release("r", "x", 1),
-        ScheduleCommand("r", "set", "sleeper", b"null", "* * * * *"),
-        PublishEvent("r", "paid", "e1", b"1"),
-        Subscribe("r", "paid", "x", 1),
+        Acquire("r", "x", seq=1, concurrency=1),
+        Release("r", "x", seq=1),
+        ScheduleCommand("r", "set", workflow="sleeper", input=b"null", cron="* * * * *"),
+        PublishEvent("r", "paid", event_id="e1", payload=b"1"),
+        Subscribe("r", "paid", subscriber="x", seq=1),
     ],
     ids=lambda c: type(c).__name__,
 )
@@ -61,15 +61,17 @@ def test_an_entity_command_keyed_by_a_run_id_is_dead_lettered(cmd):
 @pytest.mark.parametrize(
     "cmd",
     [
-        Acquire(correlation_id("paid", "1"), "x", 1, concurrency=1),
-        Release(schedule_id("nightly"), "x", 1),
-        ScheduleCommand(limit_id("q"), "set", "sleeper", b"null", "* * * * *"),
-        PublishEvent(limit_id("q"), "paid", "e1", b"1"),
-        PublishEvent(correlation_id("paid", "2"), "paid", "e1", b"1", key="1"),  # not its key
-        Subscribe(correlation_id("other", ""), "paid", "r", 1),
-        Signal(limit_id("q"), "go", b"1", "s1"),
+        Acquire(correlation_id("paid", "1"), "x", seq=1, concurrency=1),
+        Release(schedule_id("nightly"), "x", seq=1),
+        ScheduleCommand(limit_id("q"), "set", workflow="sleeper", input=b"null", cron="* * * * *"),
+        PublishEvent(limit_id("q"), "paid", event_id="e1", payload=b"1"),
+        PublishEvent(  # not its key
+            correlation_id("paid", "2"), "paid", event_id="e1", payload=b"1", key="1"
+        ),
+        Subscribe(correlation_id("other", ""), "paid", subscriber="r", seq=1),
+        Signal(limit_id("q"), "go", payload=b"1", signal_id="s1"),
         Cancel(correlation_id("paid", "1")),
-        Grant(limit_id("q"), 1, limit_id("q")),
+        Grant(limit_id("q"), 1, limit=limit_id("q")),
     ],
     ids=lambda c: f"{type(c).__name__}-{c.run_id}",
 )
@@ -82,9 +84,17 @@ def test_a_command_keyed_by_an_id_of_another_kind_is_dead_lettered(cmd):
 
 def test_entity_commands_with_their_own_ids_are_accepted():
     core = _core()
-    core.command(Acquire(limit_id("q"), "r", 5, concurrency=1))
-    core.command(PublishEvent(correlation_id("paid", "1"), "paid", "e1", b"1", key="1", ttl_ms=9))
-    core.command(ScheduleCommand(schedule_id("n"), "set", "sleeper", b"null", "0 * * * *"))
+    core.command(Acquire(limit_id("q"), "r", seq=5, concurrency=1))
+    core.command(
+        PublishEvent(
+            correlation_id("paid", "1"), "paid", event_id="e1", payload=b"1", key="1", ttl_ms=9
+        )
+    )
+    core.command(
+        ScheduleCommand(
+            schedule_id("n"), "set", workflow="sleeper", input=b"null", cron="0 * * * *"
+        )
+    )
     assert core.dead == []
 
 
@@ -129,8 +139,8 @@ def test_a_forged_release_frees_no_permit_and_withdraws_no_request():
     core.start("b", "keyed", {"customer": "ann"})
     pump()
     assert core.state(limit).queue[0].holder == "b"  # a holds the only permit
-    core.command(Release(limit, "a", RUN_PERMIT_SEQ))  # by someone who is not a
-    core.command(Release(limit, "b", RUN_PERMIT_SEQ))  # nor b
+    core.command(Release(limit, "a", seq=RUN_PERMIT_SEQ))  # by someone who is not a
+    core.command(Release(limit, "b", seq=RUN_PERMIT_SEQ))  # nor b
     pump()
     ent = core.state(limit)
     assert list(ent.held) == [("a", RUN_PERMIT_SEQ)] and [q.holder for q in ent.queue] == ["b"]
@@ -143,7 +153,7 @@ def test_a_forged_release_frees_no_permit_and_withdraws_no_request():
 def test_a_permit_asked_before_request_ids_existed_is_still_released():
     core = _core()
     limit = limit_id("q")
-    core.command(Acquire(limit, "old", 5, concurrency=1))  # as an older engine sent it
-    core.command(Acquire(limit, "new", 6, concurrency=1))
-    core.command(Release(limit, "old", 5))  # its release names no request either
+    core.command(Acquire(limit, "old", seq=5, concurrency=1))  # as an older engine sent it
+    core.command(Acquire(limit, "new", seq=6, concurrency=1))
+    core.command(Release(limit, "old", seq=5))  # its release names no request either
     assert list(core.state(limit).held) == [("new", 6)]

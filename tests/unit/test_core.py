@@ -557,7 +557,7 @@ def test_continue_as_new_ids_are_reserved():
     core.command(successor)  # the engine's own start of c~1 is accepted
     assert core.state("c").continued_as == "c~1"
     assert payload.loads(core.state("c~1").output) == 1
-    forged = StartRun("c~2", "counter", b"0", continued_from="someone-else")
+    forged = StartRun("c~2", "counter", input=b"0", continued_from="someone-else")
     core.command(forged)
     assert core.dead[-1].code == "bad-run-id" and not core.state("c~2").exists
 

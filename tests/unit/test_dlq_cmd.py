@@ -35,19 +35,19 @@ codec = Codec.default()
 
 
 def test_a_command_becomes_editable_json_and_back_to_the_same_bytes():
-    start = StartRun("r1", "checkout", payload.dumps({"id": "x"}), tags={"a": "b"})
+    start = StartRun("r1", "checkout", input=payload.dumps({"id": "x"}), tags={"a": "b"})
     value = codec.encode(start)
     doc = to_document(*codec.decode_raw(value))
     assert doc["type"] == "StartRun" and doc["input"] == {"id": "x"}
     assert from_document(doc, codec) == value
     doc["input"] = {"id": 7}
     assert codec.decode(from_document(doc, codec)) == StartRun(
-        "r1", "checkout", b'{"id":7}', tags={"a": "b"}
+        "r1", "checkout", input=b'{"id":7}', tags={"a": "b"}
     )
 
 
 def test_a_payload_that_is_not_json_is_kept_byte_for_byte_as_text():
-    value = codec.encode(Signal("r1", "go", b"{not json \xff", "s1"))
+    value = codec.encode(Signal("r1", "go", payload=b"{not json \xff", signal_id="s1"))
     doc = to_document(*codec.decode_raw(value))
     assert doc["payload"] == {"$bytes": "{not json \udcff"}
     assert from_document(doc, codec) == value
@@ -68,7 +68,11 @@ def test_an_undecodable_original_is_described_without_raw_bytes():
 
 
 def _entry(p: int, o: int, at_ms: int = 0, code: str = "invalid-input") -> Entry:
-    return Entry(p, o, DeadLetter("input is invalid", "t.commands", p, 9, at_ms=at_ms, code=code))
+    return Entry(
+        p,
+        o,
+        DeadLetter("input is invalid", "t.commands", partition=p, offset=9, at_ms=at_ms, code=code),
+    )
 
 
 def test_letters_are_named_by_partition_and_offset_or_an_unambiguous_offset():
@@ -101,7 +105,7 @@ def test_selection_by_time_and_by_reason_or_code_in_any_case():
 
 def test_a_redriven_record_that_fails_again_carries_its_count_into_the_dead_letter():
     core = Core(Registry())
-    value = codec.encode(StartRun("r1", "nope", b"{}"))
+    value = codec.encode(StartRun("r1", "nope", input=b"{}"))
     core.handle(LogRecord("t.commands", 0, 1, b"r1", value))
     core.handle(LogRecord("t.commands", 0, 2, b"r1", value, ((REDRIVE_HEADER, b"2"),)))
     assert [(d.code, d.redrives) for d in core.dead] == [

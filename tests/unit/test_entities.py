@@ -34,16 +34,18 @@ def test_each_kind_of_id_folds_into_its_own_state():
     assert type(fold(limit_id("payments"), [])) is LimitState
     assert type(fold(schedule_id("nightly"), [])) is ScheduleState
     with pytest.raises(UnknownFactError):
-        apply(RunState("r"), LimitSet("r", 1, 2, None, 1, None))
+        apply(RunState("r"), LimitSet("r", 1, concurrency=2, rate=None, burst=1, max_queued=None))
 
 
 def test_a_command_for_another_kind_of_id_is_refused_and_records_nothing():
     core = Core(app.registry)
     core.start("r", "waits")
     before = list(core.journal)
-    core.command(Acquire("r", "someone", 1, concurrency=1))  # a limit's command, to a run
-    core.command(Signal(limit_id("payments"), "go", b"1", "s1"))  # a run's, to a limit
-    core.command(PublishEvent(schedule_id("nightly"), "paid", "e1", b"1"))
+    core.command(Acquire("r", "someone", seq=1, concurrency=1))  # a limit's command, to a run
+    core.command(  # a run's, to a limit
+        Signal(limit_id("payments"), "go", payload=b"1", signal_id="s1")
+    )
+    core.command(PublishEvent(schedule_id("nightly"), "paid", event_id="e1", payload=b"1"))
     core.command(ScheduleCommand(correlation_id("paid", ""), "pause"))
     assert [d.code for d in core.dead] == ["bad-run-id"] * 4
     assert core.journal == before and core.state("r").status == "running"

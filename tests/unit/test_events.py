@@ -81,7 +81,14 @@ def pump(core: Core) -> None:
 
 def publish(core: Core, name: str, value, key: str = "", event_id: str = "", ttl_ms: int = 0):
     event_id = event_id or f"e{len(core.journal)}"
-    cmd = PublishEvent(correlation_id(name, key), name, event_id, payload.dumps(value), key, ttl_ms)
+    cmd = PublishEvent(
+        correlation_id(name, key),
+        name,
+        event_id=event_id,
+        payload=payload.dumps(value),
+        key=key,
+        ttl_ms=ttl_ms,
+    )
     core.command(cmd)
     pump(core)
 
@@ -164,7 +171,14 @@ def test_an_event_matched_to_a_wait_that_timed_out_first_goes_to_the_next_wait(t
     core = _core()
     core.start("t", "ticks", "k")
     pump(core)
-    event = PublishEvent(correlation_id("tick", "k"), "tick", "e1", b'{"n": 1}', "k", ttl_ms)
+    event = PublishEvent(
+        correlation_id("tick", "k"),
+        "tick",
+        event_id="e1",
+        payload=b'{"n": 1}',
+        key="k",
+        ttl_ms=ttl_ms,
+    )
     core.command(event)  # matched: its DeliverEvent is on its way to the run...
     core.advance(60)  # ...when the wait times out, and the next wait subscribes
     pump(core)
@@ -183,7 +197,14 @@ def test_an_event_given_back_by_a_timed_out_wait_is_kept_for_a_later_wait_within
     core = _core()
     core.start("t", "ticks_later", "k")
     pump(core)
-    event = PublishEvent(correlation_id("tick", "k"), "tick", "e1", b'{"n": 1}', "k", 7_200_000)
+    event = PublishEvent(
+        correlation_id("tick", "k"),
+        "tick",
+        event_id="e1",
+        payload=b'{"n": 1}',
+        key="k",
+        ttl_ms=7_200_000,
+    )
     core.command(event)
     core.advance(60)  # timed out; the run sleeps an hour before it waits again
     pump(core)
@@ -218,7 +239,7 @@ def test_an_event_nobody_wants_is_counted_in_the_lifecycle_stream_not_dead_lette
 def test_entity_ids_are_reserved_and_long_pairs_are_hashed():
     assert run_id_problem("~event/x/y", new=True) is not None
     core = _core()
-    core.command(StartRun("~mine", "settle", b'"o"'))
+    core.command(StartRun("~mine", "settle", input=b'"o"'))
     assert [d.code for d in core.dead] == ["bad-run-id"]
     corr = correlation_id("n" * 200, "k" * 200)
     assert len(corr.encode()) <= 255 and corr.startswith("~event/")

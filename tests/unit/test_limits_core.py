@@ -291,7 +291,7 @@ def test_two_requests_at_one_seq_and_attempt_within_one_millisecond_have_two_ids
     b = Batch(lambda _p, run_id: RunState(run_id), now=1_000)
     st = b.state(0, "r")
     assert isinstance(st, RunState)
-    ask = Acquire(limit_id("q"), "r", 3)
+    ask = Acquire(limit_id("q"), "r", seq=3)
     limits.request(b, st, ask)
     first = st.permits[3]
     limits.request(b, st, ask)
@@ -310,5 +310,5 @@ def test_a_grant_by_an_engine_before_grants_named_their_request_is_taken():
     (ask,) = core.commands
     core.commands.clear()  # the limit entity was an older engine's
     assert isinstance(ask, Acquire) and ask.request_id
-    core.command(Grant(ask.holder, RUN_PERMIT_SEQ, ask.run_id))  # no request_id
+    core.command(Grant(ask.holder, RUN_PERMIT_SEQ, limit=ask.run_id))  # no request_id
     assert core.facts("g", "SignalAwaited")

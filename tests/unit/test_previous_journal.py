@@ -65,10 +65,19 @@ def test_a_journal_of_the_previous_release_restores_and_every_run_finishes():
     core.signal("saga-1", "go", "ok")  # sent before saga-1 waits: buffered
     core.signal("saga-2", "go", "ok")
     corr = correlation_id("paid", "o-1")
-    core.command(PublishEvent(corr, "paid", "e-1", payload.dumps({"by": "cash"}), "o-1"))
+    core.command(
+        PublishEvent(corr, "paid", event_id="e-1", payload=payload.dumps({"by": "cash"}), key="o-1")
+    )
     [open_attempt] = [f for f in by_run["remote-1"] if isinstance(f, StepStarted)]
     core.command(  # the task worker answers the task the previous release sent
-        StepResult("remote-1", 1, 1, True, payload.dumps(8), attempt_id=open_attempt.attempt_id)
+        StepResult(
+            "remote-1",
+            1,
+            attempt=1,
+            ok=True,
+            output=payload.dumps(8),
+            attempt_id=open_attempt.attempt_id,
+        )
     )
     for _ in range(10):
         deliver(core)

@@ -85,7 +85,7 @@ def test_an_attempt_without_a_result_by_its_timeout_is_retried():
     for _ in range(3):  # heartbeats keep it alive, but not past its timeout
         core.advance(9)
         task = core.tasks[-1]
-        core.command(Heartbeat("o1", task.seq, task.attempt_id, b'{"done": 1}'))
+        core.command(Heartbeat("o1", task.seq, attempt_id=task.attempt_id, details=b'{"done": 1}'))
     core.advance(3)  # 30 s after its start
     [failed] = core.facts("o1", "StepFailed")
     assert failed.error.startswith("StepTimeout: remote step 'charge' (task group 'payments')")
@@ -111,12 +111,14 @@ def test_a_heartbeat_moves_the_liveness_deadline_and_is_no_fact():
     task = core.tasks[0]
     facts = len(core.journal)
     core.advance(8)
-    core.command(Heartbeat("o1", task.seq, task.attempt_id, b'{"done": 5}'))
+    core.command(Heartbeat("o1", task.seq, attempt_id=task.attempt_id, details=b'{"done": 5}'))
     assert len(core.journal) == facts  # no journal fact per heartbeat
     assert core.state("o1").beats[task.seq] == (core.now, b'{"done": 5}')
     core.advance(9)  # 17 s after the start, 9 after the heartbeat
     assert not core.facts("o1", "StepFailed")
-    core.command(Heartbeat("o1", task.seq, "someone-else", None))  # not the open attempt
+    core.command(  # not the open attempt
+        Heartbeat("o1", task.seq, attempt_id="someone-else", details=None)
+    )
     core.advance(1)
     assert core.facts("o1", "StepFailed")
 

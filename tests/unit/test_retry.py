@@ -68,7 +68,7 @@ def test_a_run_that_failed_in_its_third_step_retried_reruns_only_that_step():
     assert st.status == "completed" and payload.loads(st.output) == 4
     assert bodies == {"first": 1, "second": 1, "third": 3}
     retried = core.facts("r", "RunRetried")
-    assert retried == [RunRetried("r", core.now, [3], "provider is back")]
+    assert retried == [RunRetried("r", core.now, seqs=[3], reason="provider is back")]
     # the step's next attempt continues its numbering
     assert [f.attempt for f in core.facts("r", "StepStarted") if f.seq == 3] == [1, 2, 3]
     assert [e.type for e in core.lifecycle if e.run_id == "r"][-2:] == [
@@ -127,14 +127,14 @@ def test_a_dead_run_retried_runs_its_crashed_step_again():
 def test_the_audit_refuses_a_retry_that_reopens_a_completed_step():
     core = _failed_in_its_third_step()
     facts = core.facts("r")
-    bad = RunRetried("r", core.now, [1])
+    bad = RunRetried("r", core.now, seqs=[1])
     assert any("did not fail for good" in p for p in check_run([*facts, bad]))
     assert any("not finished" in p for p in check_run([*facts[:3], bad]))
 
 
 def test_the_reopened_step_is_a_retry_due_at_once():
     core = _failed_in_its_third_step()
-    state = fold("r", [*core.facts("r"), RunRetried("r", core.now + 5, [3])])
+    state = fold("r", [*core.facts("r"), RunRetried("r", core.now + 5, seqs=[3])])
     reopened = state.pending[3]
     assert isinstance(reopened, StepFailed) and reopened.retry_at_ms == core.now + 5
     assert state.status == "running" and 3 not in state.resolved
@@ -143,7 +143,7 @@ def test_the_reopened_step_is_a_retry_due_at_once():
 def test_a_failed_run_retried_with_new_input_starts_a_linked_new_run():
     core = _failed_in_its_third_step()
     broken["third"] = False
-    core.command(Retry("r", "input fixed", payload.dumps(10)))
+    core.command(Retry("r", "input fixed", input=payload.dumps(10)))
     assert core.state("r").status == "failed"  # the old run stays as it ended
     assert core.state("r").retried_as == "r~1"
     assert [type(f).__name__ for f in core.facts("r")][-1] == "RetriedAsNew"
@@ -180,7 +180,7 @@ def test_retry_with_new_input_is_refused_for_a_running_run_a_bad_input_and_a_sec
 def test_the_audit_refuses_a_retried_as_new_of_an_open_run_or_twice():
     core = _failed_in_its_third_step()
     facts = core.facts("r")
-    link = RetriedAsNew("r", core.now, "r~1")
+    link = RetriedAsNew("r", core.now, new_run_id="r~1")
     assert check_run([*facts, link]) == []
     assert any("a second RetriedAsNew" in p for p in check_run([*facts, link, link]))
     assert any("has not ended" in p for p in check_run([*facts[:3], link]))

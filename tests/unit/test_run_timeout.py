@@ -62,7 +62,7 @@ def test_a_run_past_its_workflow_timeout_fails_with_run_timed_out_and_compensate
 
 def test_a_start_timeout_overrides_the_workflows_and_a_run_without_one_never_times_out():
     core = _core()
-    core.command(StartRun("short", "nap", b"null", timeout_ms=5_000))
+    core.command(StartRun("short", "nap", input=b"null", timeout_ms=5_000))
     core.start("long", "nap")
     core.advance(5)
     assert core.state("short").status == "failed"
@@ -84,7 +84,7 @@ def test_a_run_that_ends_in_time_is_not_touched_by_its_deadline():
 
 def test_signal_with_start_starts_the_run_and_delivers_the_signal_once():
     core = _core()
-    go = StartRun("s", "trip", payload.dumps("nice"), signal="pay", signal_id="p-1")
+    go = StartRun("s", "trip", input=payload.dumps("nice"), signal="pay", signal_id="p-1")
     core.command(go)
     st = core.state("s")
     assert st.status == "completed" and payload.loads(st.output) == "booked nice"
@@ -97,8 +97,12 @@ def test_signal_with_start_signals_a_run_that_exists_and_ignores_its_input():
     core = _core()
     core.start("s", "trip", "paris")
     assert core.state("s").status == "running"
-    core.command(StartRun("s", "trip", payload.dumps("elsewhere"), signal="pay", signal_id="p"))
-    core.command(StartRun("s", "trip", payload.dumps("elsewhere"), signal="pay", signal_id="p"))
+    core.command(
+        StartRun("s", "trip", input=payload.dumps("elsewhere"), signal="pay", signal_id="p")
+    )
+    core.command(
+        StartRun("s", "trip", input=payload.dumps("elsewhere"), signal="pay", signal_id="p")
+    )
     st = core.state("s")
     assert st.status == "completed" and payload.loads(st.output) == "booked paris"
     assert core.names("s").count("SignalReceived") == 1 and core.dead == []
@@ -107,7 +111,7 @@ def test_signal_with_start_signals_a_run_that_exists_and_ignores_its_input():
 def test_signal_with_start_without_an_id_delivers_once_per_run():
     core = _core()
     core.start("s", "nap")
-    cmd = StartRun("s", "nap", b"null", signal="poke")
+    cmd = StartRun("s", "nap", input=b"null", signal="poke")
     core.command(cmd)
     core.command(cmd)
     assert core.names("s").count("SignalBuffered") == 1

@@ -20,13 +20,29 @@ CODEC = Codec.default()
 
 def started(run: str, at: int, workflow: str = "order", version: str = "1", **tags: str):
     return LifecycleEvent(
-        "run.started", run, at, workflow, version, "running", tags=tags, input=b'{"n":1}'
+        "run.started",
+        run,
+        at_ms=at,
+        workflow=workflow,
+        version=version,
+        status="running",
+        tags=tags,
+        input=b'{"n":1}',
     )
 
 
 def ended(run: str, at: int, status: str = "completed", version: str = "1"):
     kind = {"completed": "run.completed", "failed": "run.failed"}[status]
-    return LifecycleEvent(kind, run, at, "order", version, status, duration_ms=5, output=b"42")
+    return LifecycleEvent(
+        kind,
+        run,
+        at_ms=at,
+        workflow="order",
+        version=version,
+        status=status,
+        duration_ms=5,
+        output=b"42",
+    )
 
 
 class ListSource:
@@ -71,7 +87,12 @@ def ids(page) -> list[str]:
 
 def test_fold_takes_tags_and_input_from_run_started_and_the_end_from_run_completed():
     row = fold(None, started("r1", 100, customer="c-9"))
-    row = fold(row, LifecycleEvent("step.completed", "r1", 150, "order", "1", "running"))
+    row = fold(
+        row,
+        LifecycleEvent(
+            "step.completed", "r1", at_ms=150, workflow="order", version="1", status="running"
+        ),
+    )
     row = fold(row, ended("r1", 200))
     assert row is not None
     assert (row.status, row.tags, row.input, row.output) == (
@@ -85,13 +106,15 @@ def test_fold_takes_tags_and_input_from_run_started_and_the_end_from_run_complet
 
 def test_fold_ignores_event_types_it_does_not_know():
     row = fold(None, started("r1", 100))
-    assert fold(row, LifecycleEvent("run.teleported", "r1", 120, status="elsewhere")) is row
-    assert fold(None, LifecycleEvent("run.teleported", "r2", 120)) is None
+    assert fold(row, LifecycleEvent("run.teleported", "r1", at_ms=120, status="elsewhere")) is row
+    assert fold(None, LifecycleEvent("run.teleported", "r2", at_ms=120)) is None
 
 
 def test_the_run_started_lifecycle_event_carries_the_runs_tags_and_input():
     state = RunState("r1")
-    fact = RunStarted("r1", 10, "order", "2", b'{"a":1}', tags={"customer": "c-9"})
+    fact = RunStarted(
+        "r1", 10, workflow="order", version="2", input=b'{"a":1}', tags={"customer": "c-9"}
+    )
     state.workflow, state.version, state.status = "order", "2", Status.RUNNING
     ev = event(fact, state)
     assert ev is not None and (ev.type, ev.tags, ev.input) == (
@@ -230,7 +253,7 @@ def test_a_bad_page_position_is_a_value_error(model):
 
 
 def test_an_unmatched_event_makes_no_run_row():
-    ev = LifecycleEvent("event.unmatched", "~event/tick/k", 1, reason="nobody waited")
+    ev = LifecycleEvent("event.unmatched", "~event/tick/k", at_ms=1, reason="nobody waited")
     assert fold(None, ev) is None
 
 

@@ -37,7 +37,11 @@ def runs(core: Core) -> list[str]:
 
 def test_a_schedule_fires_on_time_and_each_start_is_a_run_named_by_its_fire_time():
     core = _core()
-    core.command(ScheduleCommand(schedule_id("nightly"), "set", "report", b'"d"', "0 3 * * *"))
+    core.command(
+        ScheduleCommand(
+            schedule_id("nightly"), "set", workflow="report", input=b'"d"', cron="0 3 * * *"
+        )
+    )
     core.advance(29)
     assert runs(core) == []
     core.advance(1)  # 03:00:00
@@ -53,7 +57,11 @@ def test_a_schedule_fires_on_time_and_each_start_is_a_run_named_by_its_fire_time
 
 def test_fires_missed_while_down_are_caught_up_once_then_on_time_again():
     core = _core()
-    core.command(ScheduleCommand(schedule_id("nightly"), "set", "report", b'"d"', "0 3 * * *"))
+    core.command(
+        ScheduleCommand(
+            schedule_id("nightly"), "set", workflow="report", input=b'"d"', cron="0 3 * * *"
+        )
+    )
     core.now += 2 * 86_400 * 1000 + 3600_000  # down across two fire times (and then some)
     core.advance(0)
     pump(core)
@@ -66,7 +74,7 @@ def test_fires_missed_while_down_are_caught_up_once_then_on_time_again():
 def test_pause_resume_and_delete():
     core = _core()
     sid = schedule_id("nightly")
-    core.command(ScheduleCommand(sid, "set", "report", b'"d"', "0 3 * * *"))
+    core.command(ScheduleCommand(sid, "set", workflow="report", input=b'"d"', cron="0 3 * * *"))
     core.command(ScheduleCommand(sid, "pause"))
     core.advance(2 * 86_400)
     pump(core)
@@ -85,9 +93,13 @@ def test_pause_resume_and_delete():
 def test_a_bad_cron_a_bad_zone_an_unknown_workflow_or_schedule_are_dead_lettered():
     core = _core()
     sid = schedule_id("x")
-    core.command(ScheduleCommand(sid, "set", "report", b'"d"', "every day"))
-    core.command(ScheduleCommand(sid, "set", "report", b'"d"', "0 3 * * *", tz="Mars/Base"))
-    core.command(ScheduleCommand(sid, "set", "nope", b'"d"', "0 3 * * *"))
+    core.command(ScheduleCommand(sid, "set", workflow="report", input=b'"d"', cron="every day"))
+    core.command(
+        ScheduleCommand(
+            sid, "set", workflow="report", input=b'"d"', cron="0 3 * * *", tz="Mars/Base"
+        )
+    )
+    core.command(ScheduleCommand(sid, "set", workflow="nope", input=b'"d"', cron="0 3 * * *"))
     core.command(ScheduleCommand(schedule_id("never"), "pause"))
     assert [d.code for d in core.dead] == [
         "invalid-input",

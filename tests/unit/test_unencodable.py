@@ -93,7 +93,7 @@ def test_clip_replaces_lone_surrogates_and_joins_the_halves_of_a_pair():
 
 def test_a_run_failing_with_its_lone_surrogate_input_in_the_error_fails_with_it_cleaned():
     c = core()
-    c.command(StartRun("bad", "quotes_its_input", CUT))
+    c.command(StartRun("bad", "quotes_its_input", input=CUT))
     c.start("good", "completes", 7)
     (failed,) = c.facts("bad", "RunFailed")
     assert failed.error == "ValueError: cannot take A\ufffd"
@@ -105,7 +105,7 @@ def test_a_run_failing_with_its_lone_surrogate_input_in_the_error_fails_with_it_
 
 def test_a_local_step_raising_lone_surrogate_text_fails_with_it_cleaned():
     c = core()
-    c.command(StartRun("bad", "steps_on_it", CUT))
+    c.command(StartRun("bad", "steps_on_it", input=CUT))
     (step_failed,) = c.facts("bad", "StepFailed")
     assert step_failed.error == "TerminalStepError: cannot take A\ufffd"
     (failed,) = c.facts("bad", "RunFailed")
@@ -118,7 +118,7 @@ def test_a_local_step_raising_lone_surrogate_text_fails_with_it_cleaned():
 
 def test_a_start_whose_decision_names_a_wait_with_such_text_is_dead_lettered_and_rejected():
     c = core()
-    c.command(StartRun("bad", "waits_for_a_signal_named_by_its_input", CUT))
+    c.command(StartRun("bad", "waits_for_a_signal_named_by_its_input", input=CUT))
     c.start("good", "completes", 7)
     (letter,) = c.dead
     assert (letter.code, letter.run_id) == ("unencodable", "bad")
@@ -139,7 +139,7 @@ def test_a_start_whose_workflow_makes_an_id_of_such_text_is_refused_as_unencodab
     """The id is checked (its size in UTF-8) before any record holds it: that check fails
     on such text, and the guard refuses the decision as unencodable, not as a bug."""
     c = core()
-    c.command(StartRun("bad", workflow, CUT))
+    c.command(StartRun("bad", workflow, input=CUT))
     (letter,) = c.dead
     assert (letter.code, letter.run_id) == ("unencodable", "bad")
     assert letter.reason.startswith("the decision cannot be recorded: ")
@@ -153,7 +153,7 @@ def test_a_later_unencodable_decision_is_undone_and_dead_lettered_and_the_run_go
     c.start("r", "signalled_then_waits_as_told", "x")
     before, facts = c.state("r").copy(), len(c.journal)
     # The value arrives as JSON; its lone surrogate would become the next wait's name.
-    c.command(Signal("r", "go", CUT, "s-1"))
+    c.command(Signal("r", "go", payload=CUT, signal_id="s-1"))
     (letter,) = c.dead
     assert (letter.code, letter.run_id) == ("unencodable", "r")
     assert "SignalAwaited" in letter.reason and letter.value is not None  # the Signal, kept

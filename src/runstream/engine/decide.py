@@ -172,7 +172,9 @@ class Decider:
             self._dead_letter(b, cause, exc.code, reason, run_id, p)
             if isinstance(cmd, StartRun) and isinstance(st, RunState) and not st.exists:
                 workflow = self.limits.clip(cmd.workflow[:1024])  # a foreign name: cleaned
-                rejected = RunRejected(run_id, b.now, workflow, exc.code, reason)
+                rejected = RunRejected(
+                    run_id, b.now, workflow=workflow, code=exc.code, reason=reason
+                )
                 emit(b, st, rejected)
                 tell_refused_parent(b, cmd, self.limits.clip(f"{exc.code}: {reason}"))
         except Exception as exc:  # a bug must not block the partition: set the cause aside
@@ -224,7 +226,15 @@ class Decider:
         if rec is None:
             key = run_id.encode() if run_id else None
             letter = DeadLetter(
-                reason, self.rules.journal_topic, p, -1, key, None, run_id, b.now, code
+                reason,
+                self.rules.journal_topic,
+                partition=p,
+                offset=-1,
+                key=key,
+                value=None,
+                run_id=run_id,
+                at_ms=b.now,
+                code=code,
             )
         else:
             letter = dead_letter(rec, code, reason, self.limits, b.now, run_id)
@@ -264,5 +274,14 @@ def dead_letter(
         reason += f" (the {len(rec.value):,}-byte value is not copied here)"
     redrives = redrives_of(rec.headers)  # an operator's redrive failed again: count it
     return DeadLetter(
-        reason, rec.topic, rec.partition, rec.offset, key, value, run_id, now, code, redrives
+        reason,
+        rec.topic,
+        partition=rec.partition,
+        offset=rec.offset,
+        key=key,
+        value=value,
+        run_id=run_id,
+        at_ms=now,
+        code=code,
+        redrives=redrives,
     )

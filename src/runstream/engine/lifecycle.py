@@ -37,7 +37,13 @@ def event(fact: Fact, state: RunState) -> LifecycleEvent | None:
 
     def ev(kind: Kind, **fields: Any) -> LifecycleEvent:  # (hot path: no dataclasses.replace)
         return LifecycleEvent(
-            kind, state.run_id, fact.at_ms, state.workflow, state.version, state.status, **fields
+            kind,
+            state.run_id,
+            at_ms=fact.at_ms,
+            workflow=state.workflow,
+            version=state.version,
+            status=state.status,
+            **fields,
         )
 
     run_time = fact.at_ms - state.started_at_ms

@@ -400,7 +400,9 @@ class Context:
         seq = self._next()
         fact = self._recorded(seq, "value " + name)
         if fact is None:
-            fact = ValueRecorded(self.run_id, self._now_ms, seq, name, payload.dumps(make()))
+            fact = ValueRecorded(
+                self.run_id, self._now_ms, seq=seq, name=name, value=payload.dumps(make())
+            )
             self._new.append(fact)
         assert isinstance(fact, ValueRecorded)
         return payload.loads(fact.value)

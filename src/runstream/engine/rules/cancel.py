@@ -26,9 +26,19 @@ def cancel(ctx: Rules, b: Batch, st: RunState, cmd: Cancel) -> None:
     if not cmd.abandon_children:  # and theirs, as each child cancels its own
         for child in children.children(st):
             why = ctx.limits.clip(f"its parent {st.run_id!r} was cancelled: {reason}")
-            b.effects.commands.append(Cancel(child.child_run_id, cmd.compensate, why, b.now, False))
+            b.effects.commands.append(
+                Cancel(
+                    child.child_run_id,
+                    cmd.compensate,
+                    reason=why,
+                    sent_at_ms=b.now,
+                    abandon_children=False,
+                )
+            )
     if cmd.compensate and (core.in_flight(st) or core.compensations(ctx, b, st)):
-        core.emit(b, st, CompensationStarted(st.run_id, b.now, reason, "", True))
+        core.emit(
+            b, st, CompensationStarted(st.run_id, b.now, error=reason, traceback="", cancelled=True)
+        )
         core.compensate(ctx, b, st)
     else:
-        core.emit(b, st, RunCancelled(st.run_id, b.now, reason))
+        core.emit(b, st, RunCancelled(st.run_id, b.now, reason=reason))

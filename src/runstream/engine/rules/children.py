@@ -41,21 +41,32 @@ def start_child(ctx: Rules, b: Batch, st: RunState, call: ChildCall) -> bool:
             raise Rejected(Reason.OVERSIZE, too_large)
     except Rejected as exc:
         ended = ChildEnded(
-            run_id, now, call.seq, call.workflow, call.child_run_id, "rejected", None,
-            ctx.limits.clip(f"{exc.code}: {exc.reason}"),
-        )  # fmt: skip
+            run_id,
+            now,
+            seq=call.seq,
+            name=call.workflow,
+            child_run_id=call.child_run_id,
+            status="rejected",
+            output=None,
+            error=ctx.limits.clip(f"{exc.code}: {exc.reason}"),
+        )
         core.emit(b, st, ended)
         return True
     started = ChildStarted(
-        run_id, now, call.seq, call.workflow, call.child_run_id, call.awaited,
-        call.parent_close,
-    )  # fmt: skip
+        run_id,
+        now,
+        seq=call.seq,
+        name=call.workflow,
+        child_run_id=call.child_run_id,
+        awaited=call.awaited,
+        parent_close=call.parent_close,
+    )
     core.emit(b, st, started)
     b.effects.commands.append(
         StartRun(
             call.child_run_id,
             call.workflow,
-            call.input,
+            input=call.input,
             parent_run_id=run_id,
             sent_at_ms=now,
             parent_seq=call.seq if call.awaited else None,
@@ -80,9 +91,15 @@ def child_result(ctx: Rules, b: Batch, st: RunState, cmd: ChildResult) -> None:
             f"run {st.run_id!r} awaits no child {cmd.child_run_id!r} at seq {cmd.seq}",
         )
     ended = ChildEnded(
-        st.run_id, b.now, cmd.seq, started.name, started.child_run_id, cmd.status, cmd.output,
-        cmd.error,
-    )  # fmt: skip
+        st.run_id,
+        b.now,
+        seq=cmd.seq,
+        name=started.name,
+        child_run_id=started.child_run_id,
+        status=cmd.status,
+        output=cmd.output,
+        error=cmd.error,
+    )
     core.emit(b, st, ended)
     core.advance(ctx, b, st)
 
@@ -93,10 +110,15 @@ def tell_refused_parent(b: Batch, cmd: StartRun, reason: str) -> None:
     if cmd.parent_run_id and cmd.parent_seq is not None:
         b.effects.commands.append(
             ChildResult(
-                cmd.parent_run_id, cmd.parent_seq, cmd.run_id, Status.REJECTED.value, None,
-                reason, b.now,
+                cmd.parent_run_id,
+                cmd.parent_seq,
+                child_run_id=cmd.run_id,
+                status=Status.REJECTED.value,
+                output=None,
+                error=reason,
+                sent_at_ms=b.now,
             )
-        )  # fmt: skip
+        )
 
 
 def children(st: RunView) -> list[ChildStarted]:
@@ -116,10 +138,15 @@ def ended(b: Batch, st: RunView, fact: Fact, kids: list[ChildStarted]) -> None:
         error = None if isinstance(fact, RunCompleted) else (st.error or st.reason or "")
         b.effects.commands.append(
             ChildResult(
-                st.parent_run_id, st.parent_seq, st.run_id, st.status.value, output, error,
-                b.now,
+                st.parent_run_id,
+                st.parent_seq,
+                child_run_id=st.run_id,
+                status=st.status.value,
+                output=output,
+                error=error,
+                sent_at_ms=b.now,
             )
-        )  # fmt: skip
+        )
     if isinstance(fact, RunCancelled):
         return
     for child in kids:
@@ -127,7 +154,11 @@ def ended(b: Batch, st: RunView, fact: Fact, kids: list[ChildStarted]) -> None:
             continue
         why = f"its parent {st.run_id!r} ended ({st.status.value}) first"
         compensate = child.parent_close == "request_cancel"
-        b.effects.commands.append(Cancel(child.child_run_id, compensate, why, b.now, False))
+        b.effects.commands.append(
+            Cancel(
+                child.child_run_id, compensate, reason=why, sent_at_ms=b.now, abandon_children=False
+            )
+        )
 
 
 def child_ids(st: RunView) -> list[str]:

@@ -94,23 +94,39 @@ def _follow(ctx: Rules, b: Batch, st: RunState, result: Replay, relaunch: frozen
         case Completed(value):
             output, problem = _dumps(ctx, "the run's output", value)
             if problem:
-                emit(b, st, RunFailed(run_id, now, problem, "", Failure.BAD_OUTPUT))
+                emit(
+                    b,
+                    st,
+                    RunFailed(run_id, now, error=problem, traceback="", code=Failure.BAD_OUTPUT),
+                )
             else:
-                emit(b, st, RunCompleted(run_id, now, output))
+                emit(b, st, RunCompleted(run_id, now, output=output))
         case ContinuedAsNew(value):
             data, problem = _dumps(ctx, "the continue-as-new input", value)
             if problem:
-                emit(b, st, RunFailed(run_id, now, problem, "", Failure.BAD_OUTPUT))
+                emit(
+                    b,
+                    st,
+                    RunFailed(run_id, now, error=problem, traceback="", code=Failure.BAD_OUTPUT),
+                )
                 return False
             successor = continuation_of(run_id)
-            emit(b, st, RunCompleted(run_id, now, b"null", successor))
+            emit(b, st, RunCompleted(run_id, now, output=b"null", continued_as=successor))
             runs.start_successor(b, st, successor, data, dict(st.tags), st.parent_seq)
         case Failed(error, tb):
             error, tb = ctx.limits.clip(error), ctx.limits.clip(tb)
             if result.compensations:
-                emit(b, st, CompensationStarted(run_id, now, error, tb, False))
+                emit(
+                    b,
+                    st,
+                    CompensationStarted(run_id, now, error=error, traceback=tb, cancelled=False),
+                )
                 return True  # advance compensates
-            emit(b, st, RunFailed(run_id, now, error, tb, Failure.WORKFLOW_ERROR))
+            emit(
+                b,
+                st,
+                RunFailed(run_id, now, error=error, traceback=tb, code=Failure.WORKFLOW_ERROR),
+            )
         case NonDeterministic(err):
             park(ctx, b, st, f"non-determinism: {err}")
         case Overran():
@@ -119,7 +135,7 @@ def _follow(ctx: Rules, b: Batch, st: RunState, result: Replay, relaunch: frozen
             steps.run_step(ctx, b, st, seq, step, args, relaunch, priority, fairness)
         case Blocked(SleepCall(seq, secs)):
             if seq not in st.pending:
-                emit(b, st, TimerScheduled(run_id, now, seq, now + int(secs * 1000)))
+                emit(b, st, TimerScheduled(run_id, now, seq=seq, due_ms=now + int(secs * 1000)))
         case Blocked(SignalWait(seq, name, timeout)):
             if seq in st.pending:
                 return False
@@ -128,19 +144,42 @@ def _follow(ctx: Rules, b: Batch, st: RunState, result: Replay, relaunch: frozen
                 emit(
                     b,
                     st,
-                    SignalReceived(run_id, now, seq, name, buffered.payload, buffered.signal_id),
+                    SignalReceived(
+                        run_id,
+                        now,
+                        seq=seq,
+                        name=name,
+                        payload=buffered.payload,
+                        signal_id=buffered.signal_id,
+                    ),
                 )
                 return True
             timeout_at = None if timeout is None else now + int(timeout * 1000)
-            emit(b, st, SignalAwaited(run_id, now, seq, name, timeout_at))
+            emit(b, st, SignalAwaited(run_id, now, seq=seq, name=name, timeout_at_ms=timeout_at))
         case Blocked(ChildCall() as call):
             return children.start_child(ctx, b, st, call)
         case Blocked(EventWait(seq, name, key, timeout)):
             if seq not in st.pending:
                 timeout_at = None if timeout is None else now + int(timeout * 1000)
-                emit(b, st, EventAwaited(run_id, now, seq, name, key, timeout_at))
+                emit(
+                    b,
+                    st,
+                    EventAwaited(
+                        run_id, now, seq=seq, name=name, key=key, timeout_at_ms=timeout_at
+                    ),
+                )
                 corr = correlation_id(name, key)
-                b.effects.commands.append(Subscribe(corr, name, run_id, seq, key, False, now))
+                b.effects.commands.append(
+                    Subscribe(
+                        corr,
+                        name,
+                        subscriber=run_id,
+                        seq=seq,
+                        key=key,
+                        cancel=False,
+                        sent_at_ms=now,
+                    )
+                )
     return False
 
 
@@ -176,10 +215,10 @@ def compensate(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int] = fr
     assert c is not None
     text = ctx.limits.clip("; ".join([c.error, *failures]))
     if c.cancelled:
-        emit(b, st, RunCancelled(st.run_id, b.now, text))
+        emit(b, st, RunCancelled(st.run_id, b.now, reason=text))
     else:
         code = failure_code(c.error) or Failure.WORKFLOW_ERROR  # the cause: its text is ours
-        emit(b, st, RunFailed(st.run_id, b.now, text, c.traceback, code))
+        emit(b, st, RunFailed(st.run_id, b.now, error=text, traceback=c.traceback, code=code))
 
 
 def compensations(ctx: Rules, b: Batch, st: RunState) -> list[Any]:
@@ -196,7 +235,7 @@ def in_flight(st: RunView) -> bool:
 def park(ctx: Rules, b: Batch, st: RunState, reason: str) -> None:
     reason = ctx.limits.clip(reason)
     if not (st.status is Status.PARKED and st.reason == reason):
-        emit(b, st, RunParked(st.run_id, b.now, reason))
+        emit(b, st, RunParked(st.run_id, b.now, reason=reason))
 
 
 def _dumps(ctx: Rules, what: str, value: Any) -> tuple[bytes, str | None]:

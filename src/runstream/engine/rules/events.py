@@ -39,7 +39,13 @@ def publish(ctx: Rules, b: Batch, corr: EventEntityState, cmd: PublishEvent) -> 
         return
     now = b.now
     fact = EventPublished(  # its size was checked with the command's (Decider.handle)
-        corr.run_id, now, cmd.name, cmd.event_id, cmd.payload, cmd.key, now + cmd.ttl_ms
+        corr.run_id,
+        now,
+        name=cmd.name,
+        event_id=cmd.event_id,
+        payload=cmd.payload,
+        key=cmd.key,
+        expires_at_ms=now + cmd.ttl_ms,
     )
     core.emit(b, corr, fact)
     waiting = list(corr.subscriptions)
@@ -49,7 +55,7 @@ def publish(ctx: Rules, b: Batch, corr: EventEntityState, cmd: PublishEvent) -> 
     if not (waiting or started or cmd.ttl_ms > 0):  # for analytics, not dead-lettered
         b.effects.lifecycle.append(
             LifecycleEvent(
-                Kind.EVENT_UNMATCHED, corr.run_id, now,
+                Kind.EVENT_UNMATCHED, corr.run_id, at_ms=now,
                 reason=f"no run waited for event {cmd.name!r} (key {cmd.key!r}) and no "
                 "workflow is triggered by it",
             )
@@ -74,11 +80,21 @@ def _trigger(ctx: Rules, b: Batch, corr: EventEntityState, cmd: PublishEvent) ->
                 f"the key of workflow {wf.name!r} for event {cmd.name!r} failed: {exc!r}"
             )
             b.effects.dead_letters.append(
-                DeadLetter(reason, "", 0, -1, None, None, None, b.now, Reason.INVALID_INPUT)
+                DeadLetter(
+                    reason,
+                    "",
+                    partition=0,
+                    offset=-1,
+                    key=None,
+                    value=None,
+                    run_id=None,
+                    at_ms=b.now,
+                    code=Reason.INVALID_INPUT,
+                )
             )
             continue
         run_id = f"{wf.name}:{key}"
-        b.effects.commands.append(StartRun(run_id, wf.name, cmd.payload, sent_at_ms=b.now))
+        b.effects.commands.append(StartRun(run_id, wf.name, input=cmd.payload, sent_at_ms=b.now))
         started += 1
     return started
 
@@ -96,7 +112,9 @@ def _batch(
     due = None
     if wf.window is not None:
         due = events[0].due_ms if events else b.now + int(wf.window * 1000)
-    batched = EventBatched(corr.run_id, b.now, wf.name, cmd.event_id, cmd.payload, due)
+    batched = EventBatched(
+        corr.run_id, b.now, workflow=wf.name, event_id=cmd.event_id, payload=cmd.payload, due_ms=due
+    )
     core.emit(b, corr, batched)
     if wf.batch is not None and len(corr.batches[wf.name]) >= wf.batch:
         _start_batch(b, corr, wf.name)
@@ -114,8 +132,8 @@ def _start_batch(b: Batch, corr: EventEntityState, workflow: str) -> None:
     key = corr.run_id.rsplit("/", 1)[-1]
     run_id = f"{workflow}:{key}:{events[0].event_id}"
     data = b"[" + b",".join(e.payload for e in events) + b"]"
-    core.emit(b, corr, BatchStarted(corr.run_id, b.now, workflow, run_id))
-    b.effects.commands.append(StartRun(run_id, workflow, data, sent_at_ms=b.now))
+    core.emit(b, corr, BatchStarted(corr.run_id, b.now, workflow=workflow, run=run_id))
+    b.effects.commands.append(StartRun(run_id, workflow, input=data, sent_at_ms=b.now))
 
 
 def subscribe(ctx: Rules, b: Batch, corr: EventEntityState, cmd: Subscribe) -> None:
@@ -123,7 +141,13 @@ def subscribe(ctx: Rules, b: Batch, corr: EventEntityState, cmd: Subscribe) -> N
     event still within its time to live that it has not had, or keep the wait open."""
     if cmd.cancel:
         if (cmd.subscriber, cmd.seq) in corr.subscriptions:
-            core.emit(b, corr, EventMatched(corr.run_id, b.now, cmd.subscriber, cmd.seq, ""))
+            core.emit(
+                b,
+                corr,
+                EventMatched(
+                    corr.run_id, b.now, subscriber=cmd.subscriber, seq=cmd.seq, event_id=""
+                ),
+            )
         if cmd.event_id:
             _given_back(b, corr, cmd)
         return
@@ -132,7 +156,7 @@ def subscribe(ctx: Rules, b: Batch, corr: EventEntityState, cmd: Subscribe) -> N
         if fresh and (cmd.subscriber, event.event_id) not in corr.delivered:
             _deliver(b, corr, cmd.subscriber, cmd.seq, event)
             return
-    core.emit(b, corr, EventSubscribed(corr.run_id, b.now, cmd.subscriber, cmd.seq))
+    core.emit(b, corr, EventSubscribed(corr.run_id, b.now, subscriber=cmd.subscriber, seq=cmd.seq))
 
 
 def _given_back(b: Batch, corr: EventEntityState, cmd: Subscribe) -> None:
@@ -143,7 +167,14 @@ def _given_back(b: Batch, corr: EventEntityState, cmd: Subscribe) -> None:
     if later:
         _deliver(b, corr, cmd.subscriber, min(later), cmd)
         return
-    undone = EventMatched(corr.run_id, b.now, cmd.subscriber, cmd.seq, cmd.event_id, True)
+    undone = EventMatched(
+        corr.run_id,
+        b.now,
+        subscriber=cmd.subscriber,
+        seq=cmd.seq,
+        event_id=cmd.event_id,
+        undone=True,
+    )
     core.emit(b, corr, undone)
 
 
@@ -154,10 +185,22 @@ def _deliver(
     seq: int,
     event: EventPublished | Subscribe,
 ) -> None:
-    core.emit(b, corr, EventMatched(corr.run_id, b.now, run_id, seq, event.event_id))
+    core.emit(
+        b,
+        corr,
+        EventMatched(corr.run_id, b.now, subscriber=run_id, seq=seq, event_id=event.event_id),
+    )
     data = event.payload or b"null"
     b.effects.commands.append(
-        DeliverEvent(run_id, seq, event.name, event.event_id, data, b.now, event.key)
+        DeliverEvent(
+            run_id,
+            seq,
+            name=event.name,
+            event_id=event.event_id,
+            payload=data,
+            sent_at_ms=b.now,
+            key=event.key,
+        )
     )
 
 
@@ -169,11 +212,20 @@ def deliver_event(ctx: Rules, b: Batch, st: RunState, cmd: DeliverEvent) -> None
         if isinstance(st.resolved.get(cmd.seq), EventTimedOut) and not st.terminal:
             corr = correlation_id(cmd.name, cmd.key)
             back = Subscribe(
-                corr, cmd.name, st.run_id, cmd.seq, cmd.key, True, b.now, cmd.event_id,
-                cmd.payload,
-            )  # fmt: skip
+                corr,
+                cmd.name,
+                subscriber=st.run_id,
+                seq=cmd.seq,
+                key=cmd.key,
+                cancel=True,
+                sent_at_ms=b.now,
+                event_id=cmd.event_id,
+                payload=cmd.payload,
+            )
             b.effects.commands.append(back)
         return  # else the run ended, or it had this event already
-    received = EventReceived(st.run_id, b.now, cmd.seq, cmd.name, cmd.event_id, cmd.payload)
+    received = EventReceived(
+        st.run_id, b.now, seq=cmd.seq, name=cmd.name, event_id=cmd.event_id, payload=cmd.payload
+    )
     core.emit(b, st, received)
     core.advance(ctx, b, st)

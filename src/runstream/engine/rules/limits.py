@@ -45,7 +45,7 @@ def run_permit(wf: WorkflowDef, run_id: str, data: bytes) -> Acquire | None:
             f"the concurrency_key of workflow {wf.name!r} failed on this input: {exc!r}",
         ) from exc
     ent = limit_id(wf.name, str(key))
-    return Acquire(ent, run_id, RUN_PERMIT_SEQ, concurrency=wf.limit, max_queued=wf.max_queued)
+    return Acquire(ent, run_id, seq=RUN_PERMIT_SEQ, concurrency=wf.limit, max_queued=wf.max_queued)
 
 
 # -- the run's side ---------------------------------------------------------------------
@@ -55,7 +55,9 @@ def request(b: Batch, st: RunState, ask: Acquire) -> None:
     # it): the fact's index in the run's history, unique even for a request withdrawn
     # and asked again at the same seq within one millisecond (a time would repeat).
     request_id = f"{ask.seq}.{ask.attempt}.{st.facts}"
-    asked = PermitRequested(st.run_id, b.now, ask.seq, ask.run_id, ask.attempt, request_id)
+    asked = PermitRequested(
+        st.run_id, b.now, seq=ask.seq, limit=ask.run_id, attempt=ask.attempt, request_id=request_id
+    )
     core.emit(b, st, asked)
     b.effects.commands.append(replace(ask, sent_at_ms=b.now, request_id=request_id))
 
@@ -75,11 +77,19 @@ def grant(ctx: Rules, b: Batch, st: RunState, cmd: Grant) -> None:
             b.effects.commands.append(release_of(b, st, cmd))
         return
     received = PermitReceived(
-        st.run_id, b.now, cmd.seq, cmd.limit, asked.attempt, cmd.granted, cmd.reason
+        st.run_id,
+        b.now,
+        seq=cmd.seq,
+        limit=cmd.limit,
+        attempt=asked.attempt,
+        granted=cmd.granted,
+        reason=cmd.reason,
     )
     core.emit(b, st, received)
     if not cmd.granted:  # only a run's own permit is ever refused (max_queued)
-        failed = RunFailed(st.run_id, b.now, QUEUE_FULL + cmd.reason, "", Failure.QUEUE_FULL)
+        failed = RunFailed(
+            st.run_id, b.now, error=QUEUE_FULL + cmd.reason, traceback="", code=Failure.QUEUE_FULL
+        )
         core.emit(b, st, failed)
         return
     core.advance(ctx, b, st)
@@ -95,7 +105,9 @@ def give_back(b: Batch, st: RunState, seq: int) -> None:
 def release_of(b: Batch, st: RunState, asked: PermitRequested | Grant) -> Release:
     """The Release that gives back the permit (or withdraws the request) ``asked``, or
     the one a Grant answers."""
-    return Release(asked.limit, st.run_id, asked.seq, b.now, asked.request_id)
+    return Release(
+        asked.limit, st.run_id, seq=asked.seq, sent_at_ms=b.now, request_id=asked.request_id
+    )
 
 
 # -- the limit entity's side ------------------------------------------------------------
@@ -107,7 +119,15 @@ def acquire(ctx: Rules, b: Batch, ent: LimitState, cmd: Acquire) -> None:
     lim = ent.limit
     settings = (cmd.concurrency, cmd.rate, cmd.burst, cmd.max_queued)
     if lim is None or (lim.concurrency, lim.rate, lim.burst, lim.max_queued) != settings:
-        core.emit(b, ent, LimitSet(ent.run_id, b.now, *settings))
+        limit = LimitSet(
+            ent.run_id,
+            b.now,
+            concurrency=cmd.concurrency,
+            rate=cmd.rate,
+            burst=cmd.burst,
+            max_queued=cmd.max_queued,
+        )
+        core.emit(b, ent, limit)
     if not ent.queue and ent.can_grant(b.now):
         _give(b, ent, cmd.holder, cmd.seq, cmd.fairness, cmd.request_id)
         return
@@ -115,11 +135,25 @@ def acquire(ctx: Rules, b: Batch, ent: LimitState, cmd: Acquire) -> None:
         reason = (
             f"{len(ent.queue)} runs wait for {ent.run_id} already (max_queued={cmd.max_queued})"
         )
-        refused = Grant(cmd.holder, cmd.seq, ent.run_id, False, reason, b.now, cmd.request_id)
+        refused = Grant(
+            cmd.holder,
+            cmd.seq,
+            limit=ent.run_id,
+            granted=False,
+            reason=reason,
+            sent_at_ms=b.now,
+            request_id=cmd.request_id,
+        )
         b.effects.commands.append(refused)
         return
     queued = PermitQueued(
-        ent.run_id, b.now, cmd.holder, cmd.seq, cmd.priority, cmd.fairness, cmd.request_id
+        ent.run_id,
+        b.now,
+        holder=cmd.holder,
+        seq=cmd.seq,
+        priority=cmd.priority,
+        fairness=cmd.fairness,
+        request_id=cmd.request_id,
     )
     core.emit(b, ent, queued)
 
@@ -129,7 +163,7 @@ def release(ctx: Rules, b: Batch, ent: LimitState, cmd: Release) -> None:
     a Release naming the request's id (from the holder's Acquire) counts: one by
     anybody else frees nothing."""
     if ent.request_of(cmd.holder, cmd.seq) == cmd.request_id:
-        core.emit(b, ent, PermitReleased(ent.run_id, b.now, cmd.holder, cmd.seq))
+        core.emit(b, ent, PermitReleased(ent.run_id, b.now, holder=cmd.holder, seq=cmd.seq))
         grant_waiting(b, ent)
 
 
@@ -144,5 +178,21 @@ def grant_waiting(b: Batch, ent: LimitState) -> None:
 
 
 def _give(b: Batch, ent: LimitState, holder: str, seq: int, fairness: str, request_id: str) -> None:
-    core.emit(b, ent, PermitGranted(ent.run_id, b.now, holder, seq, fairness, request_id))
-    b.effects.commands.append(Grant(holder, seq, ent.run_id, True, "", b.now, request_id))
+    core.emit(
+        b,
+        ent,
+        PermitGranted(
+            ent.run_id, b.now, holder=holder, seq=seq, fairness=fairness, request_id=request_id
+        ),
+    )
+    b.effects.commands.append(
+        Grant(
+            holder,
+            seq,
+            limit=ent.run_id,
+            granted=True,
+            reason="",
+            sent_at_ms=b.now,
+            request_id=request_id,
+        )
+    )

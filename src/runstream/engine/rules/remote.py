@@ -35,9 +35,17 @@ def dispatch(
     deadline = None if policy.timeout is None else b.now + int(policy.timeout * 1000)
     beat = None if policy.heartbeat is None else int(policy.heartbeat * 1000)
     started = StepStarted(
-        st.run_id, b.now, seq, step.name, attempt, attempt_id, False, policy.group,
-        deadline, beat,
-    )  # fmt: skip
+        st.run_id,
+        b.now,
+        seq=seq,
+        name=step.name,
+        attempt=attempt,
+        attempt_id=attempt_id,
+        isolated=False,
+        group=policy.group,
+        deadline_ms=deadline,
+        heartbeat_ms=beat,
+    )
     core.emit(b, st, started)
     try:
         data = payload.dumps(list(args))
@@ -49,9 +57,17 @@ def dispatch(
         steps.step_outcome(ctx, b, st, outcome)
         return
     task = StepTask(
-        st.run_id, seq, attempt, step.name, data, deadline, attempt_id, policy.group, beat,
-        b.now,
-    )  # fmt: skip
+        st.run_id,
+        seq,
+        attempt=attempt,
+        name=step.name,
+        args=data,
+        deadline_ms=deadline,
+        attempt_id=attempt_id,
+        group=policy.group,
+        heartbeat_ms=beat,
+        sent_at_ms=b.now,
+    )
     b.effects.tasks.append(task)
 
 
@@ -107,10 +123,10 @@ def _ignore_result(b: Batch, st: RunView, cmd: StepResult, open_fact: object | N
         LifecycleEvent(
             Kind.STEP_RESULT_IGNORED,
             st.run_id,
-            b.now,
-            st.workflow,
-            st.version,
-            st.status,
+            at_ms=b.now,
+            workflow=st.workflow,
+            version=st.version,
+            status=st.status,
             seq=cmd.seq,
             attempt=cmd.attempt,
             reason=reason,

@@ -51,7 +51,7 @@ def retry(ctx: Rules, b: Batch, st: RunState, cmd: Retry) -> None:
     # A retried run has its whole timeout again, from the retry: its old deadline
     # may have passed (it may be why it failed), and it would fail again at once.
     deadline = None if st.timeout_ms is None else b.now + st.timeout_ms
-    core.emit(b, st, RunRetried(st.run_id, b.now, failed, reason, deadline))
+    core.emit(b, st, RunRetried(st.run_id, b.now, seqs=failed, reason=reason, deadline_ms=deadline))
     if permit is not None:  # it gave its permit back when it ended: ask again
         limits.request(b, st, permit)
         return
@@ -79,5 +79,5 @@ def _retry_as_new(ctx: Rules, b: Batch, st: RunState, data: bytes, reason: str) 
     if problem:
         raise Rejected(Reason.OVERSIZE, problem)
     successor = continuation_of(run_id)
-    core.emit(b, st, RetriedAsNew(run_id, b.now, successor, reason))
+    core.emit(b, st, RetriedAsNew(run_id, b.now, new_run_id=successor, reason=reason))
     runs.start_successor(b, st, successor, data, tags, parent_seq=None)

@@ -39,15 +39,15 @@ def start(ctx: Rules, b: Batch, st: RunState, cmd: StartRun) -> None:
         RunStarted(
             st.run_id,
             b.now,
-            cmd.workflow,
-            version,
-            cmd.input,
-            cmd.parent_run_id,
-            dict(cmd.tags),
-            cmd.reply_to,
-            cmd.request_id,
-            None if timeout_ms is None else b.now + timeout_ms,
-            cmd.parent_seq,
+            workflow=cmd.workflow,
+            version=version,
+            input=cmd.input,
+            parent_run_id=cmd.parent_run_id,
+            tags=dict(cmd.tags),
+            reply_to=cmd.reply_to,
+            request_id=cmd.request_id,
+            deadline_ms=None if timeout_ms is None else b.now + timeout_ms,
+            parent_seq=cmd.parent_seq,
         ),
     )
     if cmd.signal is not None:  # buffered: the workflow's wait takes it
@@ -62,7 +62,9 @@ def _start_signal(st: RunState, cmd: StartRun) -> Signal:
     assert cmd.signal is not None
     signal_id = cmd.signal_id or f"{st.run_id}/{cmd.signal}"
     data = b"null" if cmd.signal_payload is None else cmd.signal_payload
-    return Signal(st.run_id, cmd.signal, data, signal_id, cmd.sent_at_ms)
+    return Signal(
+        st.run_id, cmd.signal, payload=data, signal_id=signal_id, sent_at_ms=cmd.sent_at_ms
+    )
 
 
 def checked(ctx: Rules, workflow: str, version: str | None, data: bytes) -> WorkflowDef | None:
@@ -103,7 +105,7 @@ def start_successor(
         StartRun(
             successor,
             st.workflow,
-            data,
+            input=data,
             parent_run_id=st.parent_run_id,
             tags=tags,
             sent_at_ms=b.now,
@@ -140,28 +142,28 @@ def run_info(ctx: Rules, st: RunView, request_id: str) -> RunInfo:
         return RunInfo(
             request_id,
             st.run_id,
-            found,
-            st.status,
-            st.workflow,
-            st.version,
+            found=found,
+            status=st.status,
+            workflow=st.workflow,
+            version=st.version,
             steps=st.steps,
             reply_error=too_large,
         )
     return RunInfo(
         request_id,
         st.run_id,
-        found,
-        st.status if found else "",
-        st.workflow,
-        st.version,
-        st.input if st.exists else None,
-        st.output,
-        st.error,
-        st.reason,
-        st.started_at_ms if st.exists else None,
-        st.ended_at_ms,
-        st.steps,
-        st.continued_as,
+        found=found,
+        status=st.status if found else "",
+        workflow=st.workflow,
+        version=st.version,
+        input=st.input if st.exists else None,
+        output=st.output,
+        error=st.error,
+        reason=st.reason,
+        started_at_ms=st.started_at_ms if st.exists else None,
+        ended_at_ms=st.ended_at_ms,
+        steps=st.steps,
+        continued_as=st.continued_as,
         code=st.code,
         parent_run_id=st.parent_run_id,
         children=children.child_ids(st)[:MAX_CHILDREN_SHOWN],

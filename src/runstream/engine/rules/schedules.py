@@ -31,18 +31,27 @@ def schedule(ctx: Rules, b: Batch, ent: ScheduleState, cmd: ScheduleCommand) -> 
             data = b"null" if cmd.input is None else cmd.input
             runs.checked(ctx, cmd.workflow, None, data)
             first = cron.next_fire(cmd.cron, cmd.tz, now)
-            fact = ScheduleSet(ent.run_id, now, name, cmd.workflow, data, cmd.cron, cmd.tz, first)
+            fact = ScheduleSet(
+                ent.run_id,
+                now,
+                name=name,
+                workflow=cmd.workflow,
+                input=data,
+                cron=cmd.cron,
+                tz=cmd.tz,
+                next_fire_ms=first,
+            )
             core.emit(b, ent, fact)
         case "pause" | "resume" | "delete" if ent.schedule is None:
             raise Rejected(Reason.UNKNOWN_RUN, f"no schedule {name!r}")
         case "pause" if not ent.paused:
-            core.emit(b, ent, ScheduleChanged(ent.run_id, now, "paused", None))
+            core.emit(b, ent, ScheduleChanged(ent.run_id, now, op="paused", next_fire_ms=None))
         case "resume" if ent.paused:
             assert ent.schedule is not None
             nxt = cron.next_fire(ent.schedule.cron, ent.schedule.tz, now)  # skip the missed
-            core.emit(b, ent, ScheduleChanged(ent.run_id, now, "resumed", nxt))
+            core.emit(b, ent, ScheduleChanged(ent.run_id, now, op="resumed", next_fire_ms=nxt))
         case "delete":
-            core.emit(b, ent, ScheduleChanged(ent.run_id, now, "deleted", None))
+            core.emit(b, ent, ScheduleChanged(ent.run_id, now, op="deleted", next_fire_ms=None))
         case "pause" | "resume":
             pass  # already so
         case _:
@@ -59,6 +68,6 @@ def fire(b: Batch, ent: ScheduleState) -> None:
     fire = max(due, cron.latest_fire(s.cron, s.tz, b.now))
     run_id = f"{s.name}@{cron.iso(fire)}"
     nxt = cron.next_fire(s.cron, s.tz, max(fire, b.now))
-    core.emit(b, ent, ScheduleFired(ent.run_id, b.now, fire, run_id, nxt))
-    start = StartRun(run_id, s.workflow, s.input, tags={"schedule": s.name}, sent_at_ms=b.now)
+    core.emit(b, ent, ScheduleFired(ent.run_id, b.now, fire_ms=fire, run=run_id, next_fire_ms=nxt))
+    start = StartRun(run_id, s.workflow, input=s.input, tags={"schedule": s.name}, sent_at_ms=b.now)
     b.effects.commands.append(start)

@@ -22,8 +22,21 @@ def signal(ctx: Rules, b: Batch, st: RunState, cmd: Signal) -> None:
         core.emit(
             b,
             st,
-            SignalReceived(st.run_id, b.now, min(waiting), cmd.name, cmd.payload, cmd.signal_id),
+            SignalReceived(
+                st.run_id,
+                b.now,
+                seq=min(waiting),
+                name=cmd.name,
+                payload=cmd.payload,
+                signal_id=cmd.signal_id,
+            ),
         )
         core.advance(ctx, b, st)
     else:
-        core.emit(b, st, SignalBuffered(st.run_id, b.now, cmd.name, cmd.payload, cmd.signal_id))
+        core.emit(
+            b,
+            st,
+            SignalBuffered(
+                st.run_id, b.now, name=cmd.name, payload=cmd.payload, signal_id=cmd.signal_id
+            ),
+        )

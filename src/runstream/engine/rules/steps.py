@@ -55,15 +55,22 @@ def run_step(
     if limit is not None:
         ent = limit_id(limit.name)
         ask = Acquire(
-            ent, st.run_id, seq, attempt, priority, fairness, limit.concurrency, limit.rate,
-            limit.burst,
-        )  # fmt: skip
+            ent,
+            st.run_id,
+            seq=seq,
+            attempt=attempt,
+            priority=priority,
+            fairness=fairness,
+            concurrency=limit.concurrency,
+            rate=limit.rate,
+            burst=limit.burst,
+        )
         limits.request(b, st, ask)
         return
     if step.remote:
         remote.dispatch(ctx, b, st, seq, step, args, attempt)
         return
-    core.emit(b, st, StepStarted(st.run_id, b.now, seq, step.name, attempt))
+    core.emit(b, st, StepStarted(st.run_id, b.now, seq=seq, name=step.name, attempt=attempt))
     b.effects.steps.append(StepJob(p, st.run_id, seq, attempt, step, args))
 
 
@@ -80,7 +87,13 @@ def step_outcome(ctx: Rules, b: Batch, st: RunState, o: StepOutcome) -> None:
             b,
             st,
             StepCompleted(
-                st.run_id, b.now, o.seq, started.name, o.output, o.attempt, o.duration_ms
+                st.run_id,
+                b.now,
+                seq=o.seq,
+                name=started.name,
+                output=o.output,
+                attempt=o.attempt,
+                duration_ms=o.duration_ms,
             ),
         )
     else:
@@ -100,12 +113,12 @@ def step_outcome(ctx: Rules, b: Batch, st: RunState, o: StepOutcome) -> None:
             StepFailed(
                 st.run_id,
                 b.now,
-                o.seq,
-                started.name,
-                o.attempt,
-                clip(error),
-                clip(o.traceback or ""),
-                retry_at,
+                seq=o.seq,
+                name=started.name,
+                attempt=o.attempt,
+                error=clip(error),
+                traceback=clip(o.traceback or ""),
+                retry_at_ms=retry_at,
             ),
         )
         if retry:
@@ -139,34 +152,43 @@ def recover(ctx: Rules, b: Batch, st: RunState, _work: Recover) -> None:
             f"step {names} was running alone when its engine process died, "
             f"{recoveries} times; max_recovery_attempts={ctx.max_recovery_attempts}"
         )
-        core.emit(b, st, RunDead(st.run_id, b.now, reason))
+        core.emit(b, st, RunDead(st.run_id, b.now, reason=reason))
         b.effects.dead_letters.append(
             DeadLetter(
                 f"run dead: {reason}",
                 ctx.journal_topic,
-                b.partition_of(st.run_id),
-                -1,
-                st.run_id.encode(),
-                None,
-                st.run_id,
-                b.now,
-                Reason.RUN_DEAD,
+                partition=b.partition_of(st.run_id),
+                offset=-1,
+                key=st.run_id.encode(),
+                value=None,
+                run_id=st.run_id,
+                at_ms=b.now,
+                code=Reason.RUN_DEAD,
             )
         )
         return
     for seq in seqs:
         started = st.pending[seq]
         assert isinstance(started, StepStarted)
-        core.emit(b, st, RunRecovered(st.run_id, b.now, seq, recoveries))
+        core.emit(b, st, RunRecovered(st.run_id, b.now, seq=seq, recoveries=recoveries))
         core.emit(
             b,
             st,
-            StepStarted(st.run_id, b.now, seq, started.name, started.attempt + 1, isolated=True),
+            StepStarted(
+                st.run_id,
+                b.now,
+                seq=seq,
+                name=started.name,
+                attempt=started.attempt + 1,
+                isolated=True,
+            ),
         )
     for seq in handed:
         let_go = st.pending[seq]
         assert isinstance(let_go, StepHandedOver)
-        core.emit(b, st, StepStarted(st.run_id, b.now, seq, let_go.name, let_go.attempt))
+        core.emit(
+            b, st, StepStarted(st.run_id, b.now, seq=seq, name=let_go.name, attempt=let_go.attempt)
+        )
     core.advance(ctx, b, st, relaunch=frozenset(seqs + handed))
 
 
@@ -179,6 +201,11 @@ def hand_over(ctx: Rules, b: Batch, st: RunState, work: HandOver) -> None:
         started = st.pending[seq]
         assert isinstance(started, StepStarted)
         let_go = StepHandedOver(
-            st.run_id, b.now, seq, started.name, started.attempt, seq in work.began
+            st.run_id,
+            b.now,
+            seq=seq,
+            name=started.name,
+            attempt=started.attempt,
+            ran=seq in work.began,
         )
         core.emit(b, st, let_go)

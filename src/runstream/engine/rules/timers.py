@@ -57,18 +57,28 @@ def _run_timer(ctx: Rules, b: Batch, st: RunState, seq: int) -> None:
         return
     match fact:
         case TimerScheduled(due_ms=due) if due <= b.now:
-            core.emit(b, st, TimerFired(st.run_id, b.now, seq))
+            core.emit(b, st, TimerFired(st.run_id, b.now, seq=seq))
         case SignalAwaited(timeout_at_ms=int(due), name=name) if due <= b.now:
-            core.emit(b, st, SignalTimedOut(st.run_id, b.now, seq, name))
+            core.emit(b, st, SignalTimedOut(st.run_id, b.now, seq=seq, name=name))
         case StepFailed(retry_at_ms=int(due)) if due <= b.now:
             pass  # advance starts the next attempt
         case StepStarted() if fact.remote:
             remote.check_liveness(ctx, b, st, seq, fact)
             return
         case EventAwaited(timeout_at_ms=int(due), name=name, key=key) if due <= b.now:
-            core.emit(b, st, EventTimedOut(st.run_id, b.now, seq, name))
+            core.emit(b, st, EventTimedOut(st.run_id, b.now, seq=seq, name=name))
             corr = correlation_id(name, key)  # the event may come: not for this wait
-            b.effects.commands.append(Subscribe(corr, name, st.run_id, seq, key, True, b.now))
+            b.effects.commands.append(
+                Subscribe(
+                    corr,
+                    name,
+                    subscriber=st.run_id,
+                    seq=seq,
+                    key=key,
+                    cancel=True,
+                    sent_at_ms=b.now,
+                )
+            )
         case _:
             return
     core.advance(ctx, b, st)
@@ -83,7 +93,11 @@ def _time_out(ctx: Rules, b: Batch, st: RunState) -> None:
     took = (st.timeout_ms or due - st.started_at_ms) / 1000
     error = f"{TIMED_OUT}run {st.run_id!r} did not end within its timeout of {took:g}s"
     if core.in_flight(st) or core.compensations(ctx, b, st):
-        core.emit(b, st, CompensationStarted(st.run_id, b.now, error, "", False))
+        core.emit(
+            b, st, CompensationStarted(st.run_id, b.now, error=error, traceback="", cancelled=False)
+        )
         core.compensate(ctx, b, st)
     else:
-        core.emit(b, st, RunFailed(st.run_id, b.now, error, "", Failure.TIMED_OUT))
+        core.emit(
+            b, st, RunFailed(st.run_id, b.now, error=error, traceback="", code=Failure.TIMED_OUT)
+        )
