@@ -340,6 +340,14 @@ def test_every_schema_has_its_typed_record_with_the_same_fields() -> None:
             assert has_default == ("default" in avro), (name, f.name)
 
 
+def test_records_take_only_their_first_two_fields_by_position() -> None:
+    # A field added later cannot shift the arguments of any call that builds a record.
+    for name, cls in RECORDS.items():
+        fields = [f.name for f in dataclasses.fields(cls)]
+        assert [f.name for f in dataclasses.fields(cls) if not f.kw_only] == fields[:2], name
+        assert cls.__match_args__ == tuple(fields[:2]), name
+
+
 def test_start_run_fields_are_the_documented_ones() -> None:
     fields = {f["name"]: f for f in SHIPPED["runstream.StartRun.avsc"]["fields"]}
     assert list(fields) == [

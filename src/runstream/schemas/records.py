@@ -7,6 +7,8 @@ the Kafka edge handles raw dicts. Statuses, lifecycle types and dead-letter code
 which travel as strings, are declared here once.
 
 Records are immutable values. Collections inside them (``tags``) are never mutated.
+Only their first two fields are positional (``_: KW_ONLY`` follows them): a call that
+builds one names what it sets, and a field added later cannot shift the others.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from enum import StrEnum
 from typing import ClassVar
 
@@ -207,6 +209,7 @@ class Record:
 class StartRun(Record):
     run_id: str
     workflow: str
+    _: KW_ONLY
     input: bytes
     version: str | None = None
     parent_run_id: str | None = None
@@ -226,6 +229,7 @@ class StartRun(Record):
 class Signal(Record):
     run_id: str
     name: str
+    _: KW_ONLY
     payload: bytes
     signal_id: str
     sent_at_ms: int = 0
@@ -235,6 +239,7 @@ class Signal(Record):
 class Cancel(Record):
     run_id: str
     compensate: bool = False
+    _: KW_ONLY
     reason: str = ""
     sent_at_ms: int = 0
     abandon_children: bool = False
@@ -244,6 +249,7 @@ class Cancel(Record):
 class Retry(Record):
     run_id: str
     reason: str = ""
+    _: KW_ONLY
     input: bytes | None = None  # corrected input: retry as a new run
     sent_at_ms: int = 0
 
@@ -252,6 +258,7 @@ class Retry(Record):
 class StepResult(Record):
     run_id: str
     seq: int
+    _: KW_ONLY
     attempt: int
     ok: bool
     output: bytes
@@ -270,6 +277,7 @@ class Heartbeat(Record):
 
     run_id: str
     seq: int
+    _: KW_ONLY
     attempt_id: str
     details: bytes | None = None
     sent_at_ms: int = 0
@@ -279,6 +287,7 @@ class Heartbeat(Record):
 class ChildResult(Record):
     run_id: str  # the parent
     seq: int
+    _: KW_ONLY
     child_run_id: str
     status: str
     output: bytes | None = None
@@ -290,6 +299,7 @@ class ChildResult(Record):
 class PublishEvent(Record):
     run_id: str  # the correlation id, correlation_id(name, key)
     name: str
+    _: KW_ONLY
     event_id: str
     payload: bytes
     key: str = ""
@@ -301,6 +311,7 @@ class PublishEvent(Record):
 class Subscribe(Record):
     run_id: str  # the correlation id
     name: str
+    _: KW_ONLY
     subscriber: str
     seq: int
     key: str = ""
@@ -315,6 +326,7 @@ class Subscribe(Record):
 class DeliverEvent(Record):
     run_id: str  # the waiting run
     seq: int
+    _: KW_ONLY
     name: str
     event_id: str
     payload: bytes
@@ -326,6 +338,7 @@ class DeliverEvent(Record):
 class ScheduleCommand(Record):
     run_id: str  # schedule_id(name)
     op: str  # set, pause, resume, delete
+    _: KW_ONLY
     workflow: str = ""
     input: bytes | None = None
     cron: str = ""
@@ -337,6 +350,7 @@ class ScheduleCommand(Record):
 class Acquire(Record):
     run_id: str  # limit_id(...)
     holder: str
+    _: KW_ONLY
     seq: int
     attempt: int = 1
     priority: int = 0
@@ -353,6 +367,7 @@ class Acquire(Record):
 class Grant(Record):
     run_id: str  # the holder
     seq: int
+    _: KW_ONLY
     limit: str
     granted: bool = True
     reason: str = ""
@@ -364,6 +379,7 @@ class Grant(Record):
 class Release(Record):
     run_id: str  # limit_id(...)
     holder: str
+    _: KW_ONLY
     seq: int
     sent_at_ms: int = 0
     request_id: str = ""  # the request whose permit goes back (forged: frees nothing)
@@ -373,6 +389,7 @@ class Release(Record):
 class Query(Record):
     run_id: str
     request_id: str
+    _: KW_ONLY
     reply_to: str
     wait: bool = False
 
@@ -404,6 +421,7 @@ COMMANDS: tuple[type[Record], ...] = Command.__args__
 class RunStarted(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     workflow: str
     version: str
     input: bytes
@@ -419,6 +437,7 @@ class RunStarted(Record):
 class RunRejected(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     workflow: str
     code: str
     reason: str
@@ -428,6 +447,7 @@ class RunRejected(Record):
 class StepStarted(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     seq: int
     name: str
     attempt: int
@@ -447,6 +467,7 @@ class StepStarted(Record):
 class StepCompleted(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     seq: int
     name: str
     output: bytes
@@ -458,6 +479,7 @@ class StepCompleted(Record):
 class StepFailed(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     seq: int
     name: str
     attempt: int
@@ -470,6 +492,7 @@ class StepFailed(Record):
 class TimerScheduled(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     seq: int
     due_ms: int
 
@@ -478,6 +501,7 @@ class TimerScheduled(Record):
 class TimerFired(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     seq: int
 
 
@@ -485,6 +509,7 @@ class TimerFired(Record):
 class SignalAwaited(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     seq: int
     name: str
     timeout_at_ms: int | None = None
@@ -494,6 +519,7 @@ class SignalAwaited(Record):
 class SignalBuffered(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     name: str
     payload: bytes
     signal_id: str
@@ -503,6 +529,7 @@ class SignalBuffered(Record):
 class SignalReceived(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     seq: int
     name: str
     payload: bytes
@@ -513,6 +540,7 @@ class SignalReceived(Record):
 class SignalTimedOut(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     seq: int
     name: str
 
@@ -521,6 +549,7 @@ class SignalTimedOut(Record):
 class ValueRecorded(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     seq: int
     name: str
     value: bytes
@@ -530,6 +559,7 @@ class ValueRecorded(Record):
 class ChildStarted(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     seq: int
     name: str  # the child's workflow
     child_run_id: str
@@ -541,6 +571,7 @@ class ChildStarted(Record):
 class ChildEnded(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     seq: int
     name: str
     child_run_id: str
@@ -553,6 +584,7 @@ class ChildEnded(Record):
 class EventAwaited(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     seq: int
     name: str
     key: str = ""
@@ -563,6 +595,7 @@ class EventAwaited(Record):
 class EventReceived(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     seq: int
     name: str
     event_id: str
@@ -573,6 +606,7 @@ class EventReceived(Record):
 class EventTimedOut(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     seq: int
     name: str
 
@@ -581,6 +615,7 @@ class EventTimedOut(Record):
 class EventPublished(Record):
     run_id: str  # the correlation id
     at_ms: int
+    _: KW_ONLY
     name: str
     event_id: str
     payload: bytes
@@ -592,6 +627,7 @@ class EventPublished(Record):
 class EventSubscribed(Record):
     run_id: str  # the correlation id
     at_ms: int
+    _: KW_ONLY
     subscriber: str
     seq: int
 
@@ -600,6 +636,7 @@ class EventSubscribed(Record):
 class EventMatched(Record):
     run_id: str  # the correlation id
     at_ms: int
+    _: KW_ONLY
     subscriber: str
     seq: int
     event_id: str  # empty: the subscription was dropped
@@ -610,6 +647,7 @@ class EventMatched(Record):
 class EventBatched(Record):
     run_id: str  # the correlation id
     at_ms: int
+    _: KW_ONLY
     workflow: str
     event_id: str
     payload: bytes
@@ -620,6 +658,7 @@ class EventBatched(Record):
 class BatchStarted(Record):
     run_id: str  # the correlation id
     at_ms: int
+    _: KW_ONLY
     workflow: str
     run: str
 
@@ -628,6 +667,7 @@ class BatchStarted(Record):
 class ScheduleSet(Record):
     run_id: str  # schedule_id(name)
     at_ms: int
+    _: KW_ONLY
     name: str
     workflow: str
     input: bytes
@@ -640,6 +680,7 @@ class ScheduleSet(Record):
 class ScheduleFired(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     fire_ms: int
     run: str
     next_fire_ms: int | None = None
@@ -649,6 +690,7 @@ class ScheduleFired(Record):
 class ScheduleChanged(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     op: str  # paused, resumed, deleted
     next_fire_ms: int | None = None
 
@@ -657,6 +699,7 @@ class ScheduleChanged(Record):
 class StepHandedOver(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     seq: int
     name: str
     attempt: int
@@ -667,6 +710,7 @@ class StepHandedOver(Record):
 class RunRecovered(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     seq: int
     recoveries: int  # recovery attempts charged to the run so far, this one included
 
@@ -675,6 +719,7 @@ class RunRecovered(Record):
 class CompensationStarted(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     error: str
     traceback: str
     cancelled: bool
@@ -684,6 +729,7 @@ class CompensationStarted(Record):
 class RunParked(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     reason: str
 
 
@@ -691,6 +737,7 @@ class RunParked(Record):
 class RunCompleted(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     output: bytes
     continued_as: str | None = None
 
@@ -699,6 +746,7 @@ class RunCompleted(Record):
 class RunFailed(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     error: str
     traceback: str
     code: str | None = None  # errors.FAILURE_CODES; None in facts written before them
@@ -708,6 +756,7 @@ class RunFailed(Record):
 class RunCancelled(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     reason: str
 
 
@@ -715,6 +764,7 @@ class RunCancelled(Record):
 class RunDead(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     reason: str
 
 
@@ -722,6 +772,7 @@ class RunDead(Record):
 class RunRetried(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     seqs: list[int] = field(default_factory=list)
     reason: str = ""
     deadline_ms: int | None = None  # its timeout again, from the retry
@@ -731,6 +782,7 @@ class RunRetried(Record):
 class RetriedAsNew(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     new_run_id: str
     reason: str = ""
 
@@ -739,6 +791,7 @@ class RetriedAsNew(Record):
 class LimitSet(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     concurrency: int | None = None
     rate: float | None = None
     burst: int = 1
@@ -749,6 +802,7 @@ class LimitSet(Record):
 class PermitQueued(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     holder: str
     seq: int
     priority: int = 0
@@ -760,6 +814,7 @@ class PermitQueued(Record):
 class PermitGranted(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     holder: str
     seq: int
     fairness: str = ""
@@ -770,6 +825,7 @@ class PermitGranted(Record):
 class PermitReleased(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     holder: str
     seq: int
 
@@ -778,6 +834,7 @@ class PermitReleased(Record):
 class PermitRequested(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     seq: int
     limit: str
     attempt: int = 1
@@ -788,6 +845,7 @@ class PermitRequested(Record):
 class PermitReceived(Record):
     run_id: str
     at_ms: int
+    _: KW_ONLY
     seq: int
     limit: str
     attempt: int = 1
@@ -877,6 +935,7 @@ class LifecycleEvent(Record):
 
     type: str
     run_id: str
+    _: KW_ONLY
     at_ms: int
     workflow: str = ""
     version: str = ""
@@ -900,6 +959,7 @@ class DeadLetter(Record):
 
     reason: str
     source_topic: str
+    _: KW_ONLY
     partition: int
     offset: int
     key: bytes | None = None
@@ -934,6 +994,7 @@ class RunInfo(Record):
 
     request_id: str
     run_id: str
+    _: KW_ONLY
     found: bool
     status: str
     workflow: str
@@ -958,6 +1019,7 @@ class StepTask(Record):
 
     run_id: str
     seq: int
+    _: KW_ONLY
     attempt: int
     name: str
     args: bytes
@@ -974,6 +1036,7 @@ class Event(Record):
 
     name: str
     payload: bytes
+    _: KW_ONLY
     event_id: str
 
 
