@@ -327,7 +327,7 @@ class Client:
         of its workflow, ``<run_id>~<n>``, with that input; both histories link the two.
         A refused retry goes to the dead-letter topic with its reason."""
         if input is _KEEP:
-            self._send(Retry(run_id, reason, sent_at_ms=_now_ms()))
+            self._send(Retry(run_id, reason, sent_at_ms=_now_ms(), retry_id=uuid.uuid4().hex))
             return run_id
         self._send(Retry(run_id, reason, input=payload.dumps(input), sent_at_ms=_now_ms()))
         return continuation_of(run_id)

@@ -145,7 +145,7 @@ FIELDS = {
         "error",
         "sent_at_ms",
     ],
-    "Retry": ["run_id", "reason", "input", "sent_at_ms"],
+    "Retry": ["run_id", "reason", "input", "sent_at_ms", "retry_id"],
     "StepResult": [
         "run_id",
         "seq",
@@ -226,7 +226,7 @@ FIELDS = {
     "RunCancelled": [*_FACT, "reason"],
     "RunParked": [*_FACT, "reason"],
     "RunDead": [*_FACT, "reason"],
-    "RunRetried": [*_FACT, "seqs", "reason", "deadline_ms"],
+    "RunRetried": [*_FACT, "seqs", "reason", "deadline_ms", "retry_id"],
     "RetriedAsNew": [*_FACT, "new_run_id", "reason"],
     "LifecycleEvent": [
         "type",

@@ -242,3 +242,17 @@ def test_a_retried_run_goes_on_alike_whether_its_coroutine_was_cached_or_not(cac
     assert st.status == "completed" and payload.loads(st.output) == "2"
     assert bodies == {"third": 2}
     assert check_run(core.facts("g"), expect_finished=True) == []
+
+
+def test_a_retry_delivered_twice_retries_the_run_once():
+    """A client that resends a Retry (its first send raised, yet reached Kafka) while the
+    run failed again in between: the same retry id counts once (found by the model test)."""
+    core = _failed_in_its_third_step()
+    retry = Retry("r", "again", retry_id="retry-1")
+    core.command(retry)
+    assert core.state("r").status == "failed" and bodies["third"] == 3
+    core.command(retry)  # the same command, delivered again
+    assert bodies["third"] == 3 and len(core.facts("r", "RunRetried")) == 1
+    core.command(Retry("r", "once more", retry_id="retry-2"))  # another retry still counts
+    assert bodies["third"] == 4 and len(core.facts("r", "RunRetried")) == 2
+    assert fold("r", core.facts("r")) == core.state("r")

@@ -163,6 +163,8 @@ def _run(state: RunState, fact: Fact) -> None:
             _settle(state, fact)
         case RunRetried():
             _reopen(state, fact)
+            if fact.retry_id:
+                state.retry_ids.add(fact.retry_id)
         case RetriedAsNew():
             state.retried_as = fact.new_run_id
         case _:

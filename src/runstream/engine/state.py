@@ -89,6 +89,7 @@ class RunState:
     pending: dict[int, SeqFact] = field(default_factory=dict)
     signals: list[SignalBuffered] = field(default_factory=list)  # buffered, not yet consumed
     signal_ids: set[str] = field(default_factory=set)  # every signal id seen: dedupe
+    retry_ids: set[str] = field(default_factory=set)  # every retry id recorded: dedupe
     # A run's permits, requested or held, by seq -> its request (the limit, the request id).
     permits: dict[int, PermitRequested] = field(default_factory=dict)
     # Remote attempts' latest heartbeats, by seq. Not facts (there are too many): the
@@ -126,6 +127,7 @@ class RunState:
             pending=dict(self.pending),
             signals=list(self.signals),
             signal_ids=set(self.signal_ids),
+            retry_ids=set(self.retry_ids),
             beats=dict(self.beats),
             permits=dict(self.permits),
         )

@@ -252,6 +252,7 @@ class Retry(Record):
     _: KW_ONLY
     input: bytes | None = None  # corrected input: retry as a new run
     sent_at_ms: int = 0
+    retry_id: str = ""  # a resent retry counts once
 
 
 @dataclass(frozen=True, slots=True)
@@ -776,6 +777,7 @@ class RunRetried(Record):
     seqs: list[int] = field(default_factory=list)
     reason: str = ""
     deadline_ms: int | None = None  # its timeout again, from the retry
+    retry_id: str = ""  # the Retry's id: the same id again changes nothing
 
 
 @dataclass(frozen=True, slots=True)

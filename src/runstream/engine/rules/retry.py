@@ -25,6 +25,8 @@ def retry(ctx: Rules, b: Batch, st: RunState, cmd: Retry) -> None:
     With ``input``, see `_retry_as_new`."""
     if not st.exists:
         raise Rejected(Reason.UNKNOWN_RUN, f"retry of unknown run {st.run_id!r}")
+    if cmd.retry_id and cmd.retry_id in st.retry_ids:
+        return  # a resent retry, recorded already
     if cmd.input is not None:
         _retry_as_new(ctx, b, st, cmd.input, ctx.limits.clip(cmd.reason or "retried"))
         return
@@ -51,7 +53,10 @@ def retry(ctx: Rules, b: Batch, st: RunState, cmd: Retry) -> None:
     # A retried run has its whole timeout again, from the retry: its old deadline
     # may have passed (it may be why it failed), and it would fail again at once.
     deadline = None if st.timeout_ms is None else b.now + st.timeout_ms
-    core.emit(b, st, RunRetried(st.run_id, b.now, seqs=failed, reason=reason, deadline_ms=deadline))
+    retried = RunRetried(
+        st.run_id, b.now, seqs=failed, reason=reason, deadline_ms=deadline, retry_id=cmd.retry_id
+    )
+    core.emit(b, st, retried)
     if permit is not None:  # it gave its permit back when it ended: ask again
         limits.request(b, st, permit)
         return
