@@ -99,9 +99,12 @@ class Processes:
         """The pid of the engine process itself (its supervisor's child), from its health."""
         try:
             health = json.loads((self.state / self.ns / name / "health.json").read_text())
+            pid = int(health["pid"])
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except (OSError, ValueError):
             return None
-        return int(health["pid"])
+        # health.json may still name a process that died (and whose pid was reused)
+        return pid if b"chaos.app:app" in cmdline and b"--no-supervise" in cmdline else None
 
     def note(self, pid: int, began: float) -> None:
         self.faulted.setdefault(pid, []).append((began, time.time()))
