@@ -6,7 +6,8 @@ runs' outputs, the journal, and the step log every body appended to.
   recorded it (a committed step never runs again);
 - a body ran more than once only where at-least-once allows it: the process of an earlier
   execution was killed or stopped between its start and the recorded execution's commit,
-  or lost the run's partition, or the engine failed that attempt (a remote attempt timed
+  died (the watchdog ends a process whose Kafka call hangs), lost the run's partition, or the
+  engine failed that attempt (a remote attempt timed
   out, a retry);
 - at most `app.GATE` bodies of the limited step ran at once (executions of a process that
   was killed or stopped meanwhile are zombies the limit cannot stop, and are left out);
@@ -69,9 +70,16 @@ def events(journal: list[Fact], run_ids: list[str]) -> list[str]:
 
 
 def steps(
-    step_log: Path, journal: list[Fact], faulted: dict[int, list[tuple[float, float]]], out: Path
+    step_log: Path,
+    journal: list[Fact],
+    faulted: dict[int, list[tuple[float, float]]],
+    survivors: set[int],
+    out: Path,
 ) -> tuple[list[str], dict[str, Any]]:
-    """The step invariants, and figures about re-executions."""
+    """The step invariants, and figures about re-executions. ``survivors``: the engine and
+    task worker processes alive at the end; any other process died during the run (killed,
+    or ended by itself, e.g. the watchdog ending a hung Kafka call), and its unrecorded
+    executions may run again."""
     runs: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(dict)  # -> exec -> times
     lines = step_log.read_text().splitlines() if step_log.exists() else []
     for line in lines:
@@ -114,6 +122,8 @@ def steps(
             pid = int(other.split("-")[0])
             if faulted_during(pid, times[0], at):  # before its result could be recorded
                 again["its process was killed or stopped"] += 1
+            elif pid not in survivors:
+                again["its process died (watchdog, crash)"] += 1
             elif (str(pid), partition_of[run]) in lost:
                 again["its process lost the partition"] += 1
             elif failed[key]:

@@ -308,6 +308,8 @@ def run(
         load.finish()
         say(f"chaos: {len(load.started)} runs started; healed; waiting for every run to end")
         outputs, settled = _settle(bootstrap, ns, load.started)
+        survivors = {pid for name in ENGINES if (pid := procs.engine_pid(name)) is not None}
+        survivors.add(procs.worker.pid)
         exits = procs.stop()
         procs_faulted = procs.faulted
         report = audit(bootstrap, ns, expect_finished=True)
@@ -319,7 +321,7 @@ def run(
         kafka.stop()
     violations = [str(v) for v in report.violations]
     violations += check.outputs(outputs)
-    found, figures = check.steps(procs.step_log, journal, procs_faulted, out)
+    found, figures = check.steps(procs.step_log, journal, procs_faulted, survivors, out)
     violations += found
     violations += check.events(journal, [run_id(i) for i in load.started])
     violations += [f"engine or task worker exited {e} at the end" for e in exits if e != 0]
