@@ -11,8 +11,16 @@ from typing import Any
 
 from runstream import App
 from runstream.audit import check_run
-from runstream.errors import TIMED_OUT, ChildFailed
-from runstream.schemas.records import Retry, RunFailed, StartRun, StepFailed
+from runstream.errors import TIMED_OUT, ChildFailed, EventTimeout
+from runstream.schemas.records import (
+    EventReceived,
+    PublishEvent,
+    Retry,
+    RunFailed,
+    StartRun,
+    StepFailed,
+    correlation_id,
+)
 
 from .corehelp import Core
 from .modeldriver import Shell
@@ -51,6 +59,18 @@ async def far(ctx: Any, n: int) -> int:
 
 
 @app.workflow
+async def ticks(ctx: Any, n: int) -> list[Any]:
+    """Two waits for an event, each with a timeout."""
+    got = []
+    for _ in range(2):
+        try:
+            got.append(await ctx.wait_for_event("tick", key="k", timeout="5s"))
+        except EventTimeout:
+            got.append(None)
+    return got
+
+
+@app.workflow
 async def parent_of_named(ctx: Any, n: int) -> Any:
     """Awaits a child under a chosen run id, which another parent may have taken."""
     try:
@@ -86,6 +106,24 @@ def test_a_parent_hears_of_a_child_that_continued_as_new():
     assert core.state("p/1~1").status == "completed"
     assert not core.dead, [d.reason for d in core.dead]
     assert core.state("p").status == "completed"
+
+
+def test_an_event_matched_to_a_wait_that_timed_out_first_reaches_the_next_wait():
+    """The entity matches a kept event to a wait and marks it delivered; the wait times
+    out before the delivery arrives, the run drops it, and its next wait (within the
+    event's ttl) skips it as delivered: the event is lost (issue 19, defect 3)."""
+    shell = Shell(app.registry, partitions=1)
+    shell.send(StartRun("r", "ticks", b"0"))
+    shell.deliver(0)  # the run waits; its subscription is on its way
+    corr = correlation_id("tick", "k")
+    shell.send(PublishEvent(corr, "tick", "e1", b"1", "k", ttl_ms=60_000))
+    shell.deliver(0)  # the subscription
+    shell.deliver(0)  # e1, matched to the first wait: its delivery is on its way
+    shell.now += 6_000
+    shell.fire_due()  # the first wait times out first; the second one subscribes
+    settle(shell)
+    received = [f.event_id for f in shell.facts("r") if isinstance(f, EventReceived)]
+    assert received == ["e1"]
 
 
 def test_a_parent_hears_that_its_child_could_not_start_because_its_id_is_taken():
