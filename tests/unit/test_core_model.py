@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -540,10 +541,18 @@ class CoreModel(RuleBasedStateMachine):
         assert not (p := retry_problems(shell, runs)), told(p)
 
     def teardown(self) -> None:
+        # A step or an invariant failed: that is the report. (Hypothesis's own StopTest,
+        # an example cut short, is a BaseException: the example is dropped, not checked.)
+        failed = sys.exc_info()[1]
         try:
-            self.quiescent_point()
+            if failed is None:
+                self.quiescent_point()
+        except BaseException as exc:
+            failed = exc
+            raise
         finally:
             ENGINE_LOG.setLevel(self._level)
+            PROGRESS.count(failed)
 
     def quiescent_point(self) -> None:
         """Deliver everything, let every local step succeed, let time pass every timeout
@@ -567,6 +576,30 @@ class CoreModel(RuleBasedStateMachine):
         assert not (p := held_at_rest_problems(shell)), told(p)
         assert not (p := ttl_problems(shell)), told(p)
 
+
+class Progress:
+    """Examples run and failures seen so far, written to ``RUNSTREAM_MODEL_PROGRESS`` (a
+    path; unset: nothing is written), for a long run stopped by a timeout before pytest
+    could report (the counts include the shrinker's examples)."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.examples = 0
+        self.failures: dict[str, int] = {}  # the first line of each failure: how often
+
+    def count(self, failed: BaseException | None) -> None:
+        self.examples += 1
+        if isinstance(failed, Exception):
+            first = (str(failed).splitlines() or [type(failed).__name__])[0]
+            self.failures[first] = self.failures.get(first, 0) + 1
+        if self.path and (isinstance(failed, Exception) or self.examples % 500 == 0):
+            lines = [f"examples: {self.examples}"]
+            lines += [f"failed {n}x: {msg}" for msg, n in sorted(self.failures.items())]
+            with open(self.path, "w") as f:
+                f.write("\n".join(lines) + "\n")
+
+
+PROGRESS = Progress(os.environ.get("RUNSTREAM_MODEL_PROGRESS"))
 
 #: 500 examples in the test command; ``RUNSTREAM_MODEL_EXAMPLES=100000`` for a long search,
 #: which also reports every distinct failure (the test command stops at the first one
