@@ -127,6 +127,26 @@ def test_an_event_matched_to_a_wait_that_timed_out_first_reaches_the_next_wait()
     assert received == ["e1"]
 
 
+def test_an_event_in_flight_to_a_timed_out_wait_reaches_the_next_wait_before_a_later_one():
+    """A wait times out while the event matched to it is on its way; the run's next wait
+    subscribes before that delivery comes back, skips the event (marked delivered) and
+    takes a later one: the kept event is lost to the run, and the order broken. (Defect
+    3's fix gives the event back, but only to a wait still open when it returns.)"""
+    shell = Shell(app.registry, partitions=1)
+    shell.send(StartRun("r", "ticks", input=b"0"))
+    shell.deliver(0)  # the run waits (wait 1); its subscription is on its way
+    corr = correlation_id("tick", "k")
+    shell.send(PublishEvent(corr, "tick", event_id="e1", payload=b"1", key="k", ttl_ms=60_000))
+    shell.now += 6_000
+    shell.fire_due()  # wait 1 times out before anything reaches the entity: wait 2 subscribes
+    shell.send(PublishEvent(corr, "tick", event_id="e2", payload=b"2", key="k", ttl_ms=60_000))
+    # The entity: e1 kept, wait 1 subscribes (gets e1), wait 1 cancelled, wait 2 subscribes,
+    # e2; the run then gets e1 for wait 1 (timed out: given back) and e2 for wait 2.
+    settle(shell)
+    received = [f.event_id for f in shell.facts("r") if isinstance(f, EventReceived)]
+    assert received == ["e1"]
+
+
 def test_a_parent_hears_that_its_child_could_not_start_because_its_id_is_taken():
     """A child whose run id already exists is refused on its own partition, and nothing
     tells its parent, which waits for ever (issue 19, defect 4)."""

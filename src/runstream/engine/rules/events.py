@@ -140,7 +140,8 @@ def subscribe(ctx: Rules, b: Batch, corr: EventEntityState, cmd: Subscribe) -> N
     """A run waits for the next event here (or no longer does): give it the oldest
     event still within its time to live that it has not had, or keep the wait open."""
     if cmd.cancel:
-        if (cmd.subscriber, cmd.seq) in corr.subscriptions:
+        wait = (cmd.subscriber, cmd.seq)
+        if wait in corr.subscriptions:
             core.emit(
                 b,
                 corr,
@@ -148,6 +149,16 @@ def subscribe(ctx: Rules, b: Batch, corr: EventEntityState, cmd: Subscribe) -> N
                     corr.run_id, b.now, subscriber=cmd.subscriber, seq=cmd.seq, event_id=""
                 ),
             )
+        elif (
+            not cmd.event_id
+            and _kept(corr, corr.matched.get(wait))
+            and all(run_id != cmd.subscriber for run_id, _ in corr.subscriptions)
+        ):
+            # The wait timed out with its kept event on the way: the run will give it
+            # back. Undo the match now, so the run's next wait (which may subscribe
+            # before the event returns) gets it rather than a later one. (An event not
+            # kept, or a run with another wait open here: the give-back settles it.)
+            _undo(b, corr, cmd.subscriber, cmd.seq, corr.matched[wait])
         if cmd.event_id:
             _given_back(b, corr, cmd)
         return
@@ -159,21 +170,28 @@ def subscribe(ctx: Rules, b: Batch, corr: EventEntityState, cmd: Subscribe) -> N
     core.emit(b, corr, EventSubscribed(corr.run_id, b.now, subscriber=cmd.subscriber, seq=cmd.seq))
 
 
+def _kept(corr: EventEntityState, event_id: str | None) -> bool:
+    return any(e.event_id == event_id for e in corr.events)
+
+
 def _given_back(b: Batch, corr: EventEntityState, cmd: Subscribe) -> None:
     """The event matched to the run's wait at ``cmd.seq`` came back: that wait had
     timed out. The run's next wait here gets it now; with none open yet, the match
     is undone, so the next one gets it while it is within its time to live."""
+    if (cmd.subscriber, cmd.seq) not in corr.matched and cmd.event_id in corr.event_ids:
+        return  # undone already, when the wait's timeout came (`subscribe`)
     later = [s for run_id, s in corr.subscriptions if run_id == cmd.subscriber]
     if later:
         _deliver(b, corr, cmd.subscriber, min(later), cmd)
         return
+    _undo(b, corr, cmd.subscriber, cmd.seq, cmd.event_id)
+
+
+def _undo(b: Batch, corr: EventEntityState, run_id: str, seq: int, event_id: str) -> None:
+    """The match of ``event_id`` to the wait ``seq`` of ``run_id`` is undone: the run's
+    next wait gets the event while it is within its time to live."""
     undone = EventMatched(
-        corr.run_id,
-        b.now,
-        subscriber=cmd.subscriber,
-        seq=cmd.seq,
-        event_id=cmd.event_id,
-        undone=True,
+        corr.run_id, b.now, subscriber=run_id, seq=seq, event_id=event_id, undone=True
     )
     core.emit(b, corr, undone)
 
