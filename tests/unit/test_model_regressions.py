@@ -71,6 +71,12 @@ async def ticks(ctx: Any, n: int) -> list[Any]:
     return got
 
 
+@app.workflow(timeout="3s")
+async def tick_once(ctx: Any, n: int) -> Any:
+    """One wait for an event, longer than the run's own timeout."""
+    return await ctx.wait_for_event("tick", key="k", timeout="10s")
+
+
 @app.workflow
 async def parent_of_named(ctx: Any, n: int) -> Any:
     """Awaits a child under a chosen run id, which another parent may have taken."""
@@ -145,6 +151,27 @@ def test_an_event_in_flight_to_a_timed_out_wait_reaches_the_next_wait_before_a_l
     settle(shell)
     received = [f.event_id for f in shell.facts("r") if isinstance(f, EventReceived)]
     assert received == ["e1"]
+
+
+def test_an_event_matched_to_the_wait_of_a_run_that_failed_reaches_it_after_its_retry():
+    """A run fails (its timeout) while its wait's subscription is on its way; the entity
+    matches a kept event to that wait, and the failed run drops the delivery. Retried,
+    the run waits again at the same seq, and the entity skips the event as delivered:
+    the event is lost to the run though it is within its time to live."""
+    shell = Shell(app.registry, partitions=1)
+    shell.send(StartRun("r", "tick_once", input=b"0"))
+    shell.deliver(0)  # the run waits; its subscription is on its way
+    shell.now += 4_000
+    shell.fire_due()  # the run times out
+    corr = correlation_id("tick", "k")
+    shell.send(PublishEvent(corr, "tick", event_id="e1", payload=b"1", key="k", ttl_ms=60_000))
+    settle(shell)  # the subscription, e1 (matched to it), its delivery (the run failed)
+    assert shell.run_state("r").status == "failed"
+    shell.send(Retry("r", "again", retry_id="t1"))
+    settle(shell)
+    received = [f.event_id for f in shell.facts("r") if isinstance(f, EventReceived)]
+    assert received == ["e1"]
+    assert shell.run_state("r").status == "completed"
 
 
 def test_a_parent_hears_that_its_child_could_not_start_because_its_id_is_taken():

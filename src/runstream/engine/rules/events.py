@@ -26,6 +26,7 @@ from runstream.schemas.records import (
     PublishEvent,
     Reason,
     StartRun,
+    Status,
     Subscribe,
     correlation_id,
 )
@@ -223,11 +224,14 @@ def _deliver(
 
 
 def deliver_event(ctx: Rules, b: Batch, st: RunState, cmd: DeliverEvent) -> None:
-    """The event matched to the run's wait at ``seq``. If that wait timed out first,
-    the event goes back to its entity for the run's next wait: never lost."""
+    """The event matched to the run's wait at ``seq``. If that wait timed out first, or
+    the run failed while it waited (a retry waits there again), the event goes back to
+    its entity for the run's next wait: never lost."""
     waiting = st.pending.get(cmd.seq)
     if not isinstance(waiting, EventAwaited) or waiting.name != cmd.name:
-        if isinstance(st.resolved.get(cmd.seq), EventTimedOut) and not st.terminal:
+        timed_out = isinstance(st.resolved.get(cmd.seq), EventTimedOut) and not st.terminal
+        retryable = st.status in (Status.FAILED, Status.DEAD) and cmd.seq not in st.resolved
+        if timed_out or retryable:
             corr = correlation_id(cmd.name, cmd.key)
             back = Subscribe(
                 corr,
