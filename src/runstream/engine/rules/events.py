@@ -152,7 +152,7 @@ def subscribe(ctx: Rules, b: Batch, corr: EventEntityState, cmd: Subscribe) -> N
             )
         elif (
             not cmd.event_id
-            and _kept(corr, corr.matched.get(wait))
+            and _kept(corr, corr.matched.get(wait), b.now)
             and all(run_id != cmd.subscriber for run_id, _ in corr.subscriptions)
         ):
             # The wait timed out with its kept event on the way: the run will give it
@@ -171,8 +171,9 @@ def subscribe(ctx: Rules, b: Batch, corr: EventEntityState, cmd: Subscribe) -> N
     core.emit(b, corr, EventSubscribed(corr.run_id, b.now, subscriber=cmd.subscriber, seq=cmd.seq))
 
 
-def _kept(corr: EventEntityState, event_id: str | None) -> bool:
-    return any(e.event_id == event_id for e in corr.events)
+def _kept(corr: EventEntityState, event_id: str | None, now: int) -> bool:
+    """``event_id`` is kept here and still within its time to live at ``now``."""
+    return any(e.event_id == event_id and e.expires_at_ms > now for e in corr.events)
 
 
 def _given_back(b: Batch, corr: EventEntityState, cmd: Subscribe) -> None:
