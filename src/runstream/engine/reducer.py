@@ -279,15 +279,20 @@ def _correlate(
             state.event_ids = [*state.event_ids[-(EVENT_IDS_KEPT - 1) :], fact.event_id]
             kept = {e.event_id for e in state.events}
             state.delivered = {d for d in state.delivered if d[1] in kept}
+            if len(state.matched) > EVENT_IDS_KEPT:  # bounded by the ids remembered
+                known = set(state.event_ids)
+                state.matched = {k: e for k, e in state.matched.items() if e in known}
         case EventSubscribed():
             state.subscriptions.append((fact.subscriber, fact.seq))
         case EventMatched(undone=True):  # given back: a later wait of the run may have it
             state.delivered.discard((fact.subscriber, fact.event_id))
+            state.matched.pop((fact.subscriber, fact.seq), None)
         case EventMatched():
             if (fact.subscriber, fact.seq) in state.subscriptions:
                 state.subscriptions.remove((fact.subscriber, fact.seq))
             if fact.event_id:
                 state.delivered.add((fact.subscriber, fact.event_id))
+                state.matched[fact.subscriber, fact.seq] = fact.event_id
 
 
 def _consume_buffered(state: RunState, signal_id: str) -> None:

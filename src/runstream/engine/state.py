@@ -188,6 +188,9 @@ class EventEntityState:
     event_ids: list[str] = field(default_factory=list)  # the latest ids seen: dedupe
     subscriptions: list[tuple[str, int]] = field(default_factory=list)  # (run, seq)
     delivered: set[tuple[str, str]] = field(default_factory=set)  # (run, event id)
+    # The event matched to each (run, seq) and not given back, while its id is among
+    # `event_ids`: a wait that times out gets its event undone at once (`subscribe`).
+    matched: dict[tuple[str, int], str] = field(default_factory=dict)
     batches: dict[str, list[EventBatched]] = field(default_factory=dict)  # by workflow
 
     def copy(self) -> EventEntityState:
@@ -197,6 +200,7 @@ class EventEntityState:
             event_ids=list(self.event_ids),
             subscriptions=list(self.subscriptions),
             delivered=set(self.delivered),
+            matched=dict(self.matched),
             batches={wf: list(events) for wf, events in self.batches.items()},
         )
 

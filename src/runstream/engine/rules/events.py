@@ -26,6 +26,7 @@ from runstream.schemas.records import (
     PublishEvent,
     Reason,
     StartRun,
+    Status,
     Subscribe,
     correlation_id,
 )
@@ -140,7 +141,8 @@ def subscribe(ctx: Rules, b: Batch, corr: EventEntityState, cmd: Subscribe) -> N
     """A run waits for the next event here (or no longer does): give it the oldest
     event still within its time to live that it has not had, or keep the wait open."""
     if cmd.cancel:
-        if (cmd.subscriber, cmd.seq) in corr.subscriptions:
+        wait = (cmd.subscriber, cmd.seq)
+        if wait in corr.subscriptions:
             core.emit(
                 b,
                 corr,
@@ -148,6 +150,16 @@ def subscribe(ctx: Rules, b: Batch, corr: EventEntityState, cmd: Subscribe) -> N
                     corr.run_id, b.now, subscriber=cmd.subscriber, seq=cmd.seq, event_id=""
                 ),
             )
+        elif (
+            not cmd.event_id
+            and _kept(corr, corr.matched.get(wait), b.now)
+            and all(run_id != cmd.subscriber for run_id, _ in corr.subscriptions)
+        ):
+            # The wait timed out with its kept event on the way: the run will give it
+            # back. Undo the match now, so the run's next wait (which may subscribe
+            # before the event returns) gets it rather than a later one. (An event not
+            # kept, or a run with another wait open here: the give-back settles it.)
+            _undo(b, corr, cmd.subscriber, cmd.seq, corr.matched[wait])
         if cmd.event_id:
             _given_back(b, corr, cmd)
         return
@@ -159,21 +171,29 @@ def subscribe(ctx: Rules, b: Batch, corr: EventEntityState, cmd: Subscribe) -> N
     core.emit(b, corr, EventSubscribed(corr.run_id, b.now, subscriber=cmd.subscriber, seq=cmd.seq))
 
 
+def _kept(corr: EventEntityState, event_id: str | None, now: int) -> bool:
+    """``event_id`` is kept here and still within its time to live at ``now``."""
+    return any(e.event_id == event_id and e.expires_at_ms > now for e in corr.events)
+
+
 def _given_back(b: Batch, corr: EventEntityState, cmd: Subscribe) -> None:
     """The event matched to the run's wait at ``cmd.seq`` came back: that wait had
     timed out. The run's next wait here gets it now; with none open yet, the match
     is undone, so the next one gets it while it is within its time to live."""
+    if (cmd.subscriber, cmd.seq) not in corr.matched and cmd.event_id in corr.event_ids:
+        return  # undone already, when the wait's timeout came (`subscribe`)
     later = [s for run_id, s in corr.subscriptions if run_id == cmd.subscriber]
     if later:
         _deliver(b, corr, cmd.subscriber, min(later), cmd)
         return
+    _undo(b, corr, cmd.subscriber, cmd.seq, cmd.event_id)
+
+
+def _undo(b: Batch, corr: EventEntityState, run_id: str, seq: int, event_id: str) -> None:
+    """The match of ``event_id`` to the wait ``seq`` of ``run_id`` is undone: the run's
+    next wait gets the event while it is within its time to live."""
     undone = EventMatched(
-        corr.run_id,
-        b.now,
-        subscriber=cmd.subscriber,
-        seq=cmd.seq,
-        event_id=cmd.event_id,
-        undone=True,
+        corr.run_id, b.now, subscriber=run_id, seq=seq, event_id=event_id, undone=True
     )
     core.emit(b, corr, undone)
 
@@ -205,11 +225,14 @@ def _deliver(
 
 
 def deliver_event(ctx: Rules, b: Batch, st: RunState, cmd: DeliverEvent) -> None:
-    """The event matched to the run's wait at ``seq``. If that wait timed out first,
-    the event goes back to its entity for the run's next wait: never lost."""
+    """The event matched to the run's wait at ``seq``. If that wait timed out first, or
+    the run failed while it waited (a retry waits there again), the event goes back to
+    its entity for the run's next wait: never lost."""
     waiting = st.pending.get(cmd.seq)
     if not isinstance(waiting, EventAwaited) or waiting.name != cmd.name:
-        if isinstance(st.resolved.get(cmd.seq), EventTimedOut) and not st.terminal:
+        timed_out = isinstance(st.resolved.get(cmd.seq), EventTimedOut) and not st.terminal
+        retryable = st.status in (Status.FAILED, Status.DEAD) and cmd.seq not in st.resolved
+        if timed_out or retryable:
             corr = correlation_id(cmd.name, cmd.key)
             back = Subscribe(
                 corr,

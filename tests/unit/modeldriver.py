@@ -1,0 +1,284 @@
+"""A model of the shell around the real `Decider`, for the stateful test tier.
+
+Unlike `corehelp.Core` (every command delivered at once, step bodies run at once), the
+`Shell` here lets a test choose when each thing happens, as Kafka and threads would:
+
+- commands (client ones and the ones runs send each other) wait in one queue per
+  partition and are delivered in order per partition, when a test says so;
+- a batch that decides nothing (`Batch.empty`) is dropped, as `worker._process` drops it,
+  unless it changed a state with no fact (`Batch.changed`): that change is kept;
+- local step bodies wait in `jobs` and their outcome is chosen by the test; remote
+  attempts wait in `tasks` and their results (ok, failed, late, duplicated) are commands;
+- timers are armed as the shell arms them: from the difference of a run's
+  ``timers()`` before and after each committed batch, and from every state at a
+  restore (`TimerQueue`, the shell's own heap); a clock moves only when told;
+- the faults: a restore of a partition by a new owner (states folded from the journal,
+  the coroutine cache dropped, crashed runs recovered), a graceful handover, an aborted
+  transaction redone, a command delivered twice, a cache miss.
+
+Every committed fact is kept in `journal`, in commit order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from runstream.engine import payload
+from runstream.engine.decide import Decider
+from runstream.engine.partitioner import partition_for
+from runstream.engine.reducer import fold
+from runstream.engine.state import RunState, State, new_state
+from runstream.engine.work import (
+    Batch,
+    HandOver,
+    LogRecord,
+    Recover,
+    Resume,
+    StepJob,
+    StepOutcome,
+    Work,
+)
+from runstream.engine.workflow import Registry
+from runstream.runtime.timers import TimerQueue
+from runstream.schemas.codec import Codec
+from runstream.schemas.records import (
+    Command,
+    DeadLetter,
+    Fact,
+    IdKind,
+    StepResult,
+    StepTask,
+    id_kind,
+)
+
+JOURNAL = "m.journal"
+
+
+@dataclass
+class Delivered:
+    """What delivering one command did."""
+
+    cmd: Command
+    internal: bool  # sent by a run or an entity (else by a client or a task worker)
+    batch: Batch | None  # None: dropped as empty
+
+
+class Shell:
+    """The real Decider, and what the shell and Kafka would do around it."""
+
+    def __init__(self, registry: Registry, partitions: int = 3) -> None:
+        self.registry = registry
+        self.partitions = partitions
+        self.decider = self._decider()
+        self.codec = Codec.default()
+        self.now = 1_000_000
+        self.states: dict[str, State] = {}
+        self.journal: list[Fact] = []
+        self.by_run: dict[str, list[Fact]] = {}  # the journal, run by run
+        self.touched: set[str] = set()  # runs whose state changed since `checked`
+        self.dead: list[DeadLetter] = []
+        # Per partition: (command, sent by a run or entity rather than a client).
+        self.queues: list[deque[tuple[Command, bool]]] = [deque() for _ in range(partitions)]
+        self.jobs: list[StepJob] = []  # local step bodies, started, outcome not decided yet
+        self.tasks: list[StepTask] = []  # every remote attempt dispatched
+        self.answered: set[str] = set()  # attempt ids a result was sent for
+        self.timers = TimerQueue()
+        self.since = [0] * partitions  # when the current owner took each partition over
+        self.offsets = [0] * partitions
+        self.last: Delivered | None = None  # the latest command delivered
+
+    def _decider(self) -> Decider:
+        return Decider(self.registry, partitions=self.partitions, journal_topic=JOURNAL)
+
+    # -- where things live ---------------------------------------------------------
+    def partition(self, run_id: str) -> int:
+        return partition_for(run_id.encode(), self.partitions)
+
+    def state(self, run_id: str) -> State:
+        return self.states.get(run_id) or new_state(run_id)
+
+    def run_state(self, run_id: str) -> RunState:
+        """The state of the run ``run_id`` (not an entity)."""
+        st = self.state(run_id)
+        assert isinstance(st, RunState), run_id
+        return st
+
+    def facts(self, run_id: str) -> list[Fact]:
+        return self.by_run.get(run_id, [])
+
+    def runs(self) -> list[str]:
+        """The run ids (not entities) with a journal."""
+        return sorted(r for r in self.by_run if id_kind(r) is IdKind.RUN)
+
+    def entities(self) -> list[str]:
+        return sorted(r for r in self.by_run if id_kind(r) is not IdKind.RUN)
+
+    def checked(self) -> set[str]:
+        """The runs touched since the last call (for invariants checked incrementally)."""
+        touched, self.touched = self.touched, set()
+        return touched
+
+    def pending(self) -> int:
+        return sum(len(q) for q in self.queues)
+
+    # -- deciding and committing ---------------------------------------------------
+    def batch(self) -> Batch:
+        return Batch(lambda _p, run_id: self.state(run_id), self.now, {}, lambda p: self.since[p])
+
+    def decide(self, work: Iterable[Work]) -> Batch:
+        """Decide ``work`` into one batch, without committing it."""
+        b = self.batch()
+        for item in work:
+            self.decider.handle(b, item)
+        return b
+
+    def commit(self, b: Batch) -> Batch | None:
+        """Commit ``b`` as the shell would; None if dropped. An empty batch is dropped, but
+        a state change in it with no fact (`Batch.changed`) is kept and its timers armed."""
+        if b.empty and not b.changed:
+            return None
+        self.touched.update(b.runs)
+        for run_id, w in b.runs.items():
+            self.states[run_id] = w.after
+            self.timers.update(w.partition, run_id, w.before.timers(), w.after.timers())
+        if b.empty:
+            return None
+        fx = b.effects
+        self.journal += fx.facts
+        for fact in fx.facts:
+            self.by_run.setdefault(fact.run_id, []).append(fact)
+        self.dead += fx.dead_letters
+        for cmd in fx.commands:
+            self.send(cmd, internal=True)
+        self.jobs += fx.steps
+        self.tasks += fx.tasks
+        return b
+
+    def run(self, *work: Work) -> Batch | None:
+        return self.commit(self.decide(work))
+
+    # -- commands ------------------------------------------------------------------
+    def send(self, cmd: Command, internal: bool = False) -> None:
+        """Produce ``cmd`` to the commands topic (keyed by its run id)."""
+        self.queues[self.partition(cmd.run_id)].append((cmd, internal))
+
+    def record(self, cmd: Command) -> LogRecord:
+        p = self.partition(cmd.run_id)
+        self.offsets[p] += 1
+        key = cmd.run_id.encode()
+        return LogRecord("m.commands", p, self.offsets[p], key, self.codec.encode(cmd))
+
+    def deliver(self, p: int) -> Delivered:
+        """Consume the next command of partition ``p``."""
+        cmd, internal = self.queues[p].popleft()
+        self.last = Delivered(cmd, internal, self.run(self.record(cmd)))
+        return self.last
+
+    # -- step bodies and task workers ----------------------------------------------
+    def outcome(self, job: StepJob, how: str) -> Batch | None:
+        """The body of ``job`` ended: ``ok``, ``retryable`` failure or ``terminal`` one."""
+        self.jobs.remove(job)
+        return self.run(ended(job, how))
+
+    def answer(self, task: StepTask, how: str) -> None:
+        """A task worker sends the result of ``task`` (to the queue: it may come late)."""
+        ok = how == "ok"
+        self.answered.add(task.attempt_id)
+        self.send(
+            StepResult(
+                task.run_id,
+                task.seq,
+                attempt=task.attempt,
+                ok=ok,
+                output=payload.dumps(task.seq) if ok else b"null",
+                error=None if ok else f"{how} failure",
+                traceback=None,
+                attempt_id=task.attempt_id,
+                retryable=how == "retryable",
+            )
+        )
+
+    # -- time ----------------------------------------------------------------------
+    def fire_due(self) -> None:
+        """Fire every armed timer due by ``now``, one batch each, earliest first."""
+        while True:
+            due = self.timers.pop_due(self.now, 1)
+            if not due:
+                return
+            self.run(due[0])
+
+    def next_due(self) -> int | None:
+        return self.timers.next_due()
+
+    # -- faults --------------------------------------------------------------------
+    def restore(self, p: int) -> None:
+        """A new owner takes partition ``p`` over after a crash or a handover: states are
+        folded from the journal, the coroutine cache is empty, the local step bodies of
+        the old owner are gone, timers are armed from the states, and runs with a step
+        open are recovered (parked ones resumed)."""
+        mine = sorted(r for r in self.by_run if self.partition(r) == p)
+        self.decider.forget(mine)
+        self.jobs = [j for j in self.jobs if j.partition != p]
+        self.since[p] = self.now
+        self.timers.drop({p})
+        self.touched.update(mine)
+        for run_id in mine:
+            st = self.states[run_id] = fold(run_id, self.facts(run_id))
+            for due, seq in st.timers():
+                self.timers.add(p, run_id, seq, due)
+        for run_id in mine:  # one at a time, as the inbox does
+            st = self.states[run_id]
+            if not isinstance(st, RunState):
+                continue
+            if st.running_steps() or st.handed_over_steps():
+                self.run(Recover(p, run_id))
+            elif st.status == "parked":
+                self.run(Resume(p, run_id))
+
+    def hand_over(self, p: int, began: frozenset[tuple[str, int]]) -> None:
+        """The owner of ``p`` lets it go gracefully: the steps still open there are handed
+        over in one batch (``began``: those whose body had begun), then a new owner
+        restores it."""
+        runs = [r for r, st in sorted(self.states.items()) if self.partition(r) == p]
+        self.jobs = [j for j in self.jobs if j.partition != p]
+        self.run(
+            *(
+                HandOver(p, r, frozenset(s for rr, s in began if rr == r))
+                for r in runs
+                if isinstance(st := self.states[r], RunState) and st.running_steps()
+            )
+        )
+        self.restore(p)
+
+    def forget(self, run_ids: Iterable[str]) -> None:
+        """A cache miss: the coroutines of these runs are dropped."""
+        self.decider.forget(run_ids)
+
+
+def ended(job: StepJob, how: str) -> StepOutcome:
+    """The outcome of ``job``'s body: ``ok``, a ``retryable`` failure or a ``terminal`` one."""
+    ok = how == "ok"
+    return StepOutcome(
+        job.partition,
+        job.run_id,
+        job.seq,
+        job.attempt,
+        ok,
+        payload.dumps(job.args[0] if job.args else None) if ok else b"null",
+        None if ok else f"{how} failure",
+        retryable=how == "retryable",
+        isolated=job.isolated,
+    )
+
+
+def without_beats(st: State) -> State:
+    """``st`` without its heartbeats: they are not facts (the projection keeps them
+    beside the facts, and a new owner starts them afresh)."""
+    return replace(st.copy(), beats={}) if isinstance(st, RunState) else st
+
+
+def describe(x: Any) -> str:
+    return type(x).__name__
