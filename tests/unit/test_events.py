@@ -13,6 +13,7 @@ from runstream.schemas.records import (
     IdKind,
     PublishEvent,
     StartRun,
+    Subscribe,
     correlation_id,
     id_kind,
     limit_id,
@@ -324,3 +325,21 @@ def test_a_window_trigger_starts_the_batch_when_its_window_closes():
 def test_batch_and_window_need_on_event():
     with pytest.raises(TypeError, match="need on_event"):
         workflow_def(summarise, batch=3)
+
+
+def test_a_wait_that_subscribes_twice_holds_one_subscription():
+    """A run that failed while subscribed, retried, subscribes the same wait (run, seq)
+    again: the entity keeps one subscription, so the wait's timeout cancel finds the match
+    of the event on its way, not a second subscription (found by the model's long run: the
+    next wait skipped that event for a later one)."""
+    core = _core()
+    corr = correlation_id("tick", "k")
+    wait = Subscribe(corr, "tick", subscriber="t", seq=2, key="k")
+    core.command(wait)
+    core.command(wait)  # the retried run's wait, at the same seq
+    assert len(core.facts(corr, "EventSubscribed")) == 1
+    core.command(PublishEvent(corr, "tick", event_id="e1", payload=b"1", key="k", ttl_ms=60_000))
+    core.command(Subscribe(corr, "tick", subscriber="t", seq=2, key="k", cancel=True))
+    undone = [f for f in core.facts(corr, "EventMatched") if f.undone]
+    assert [(f.seq, f.event_id) for f in undone] == [(2, "e1")]  # kept for the next wait
+    assert fold(corr, core.facts(corr)) == core.state(corr)
