@@ -150,7 +150,9 @@ def subscribe(ctx: Rules, b: Batch, corr: EventEntityState, cmd: Subscribe) -> N
                     corr.run_id, b.now, subscriber=cmd.subscriber, seq=cmd.seq, event_id=""
                 ),
             )
-        elif (
+        # An earlier incarnation of the same wait (a retried run waits at the same seq) may
+        # have been matched too: its event is on its way as well.
+        if (
             not cmd.event_id
             and _kept(corr, corr.matched.get(wait), b.now)
             and all(run_id != cmd.subscriber for run_id, _ in corr.subscriptions)
