@@ -81,9 +81,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--peers",
         type=Path,
-        default=Path("/work/shared/peers"),
+        # ../shared/peers beside the repository, as the workplace lays it out
+        default=Path(__file__).resolve().parents[2] / "shared" / "peers",
         help="folder with the peers' harnesses, restate/ and dbos/ (read-only is fine: each is "
-        "copied to a writable work dir first; default /work/shared/peers)",
+        "copied to a writable work dir first; default ../shared/peers beside the repository)",
     )
     p.add_argument(
         "--work",
