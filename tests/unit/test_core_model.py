@@ -40,6 +40,7 @@ from runstream.schemas.records import (
     Cancel,
     ChildEnded,
     ChildStarted,
+    EventAwaited,
     EventMatched,
     EventPublished,
     EventReceived,
@@ -299,6 +300,7 @@ def ttl_problems(shell: Shell) -> list[str]:
                 for f in shell.facts(run_id)
                 if isinstance(f, EventReceived) and (run_id, f.seq) in subscribed
             ]
+            awaited = _awaited_at(shell.facts(run_id))
             ids = [f.event_id for f in got if f.event_id in order]
             had = {
                 f.event_id
@@ -311,7 +313,7 @@ def ttl_problems(shell: Shell) -> list[str]:
                 if e.event_id in had:
                     continue
                 for f in got:
-                    at = subscribed[run_id, f.seq]
+                    at = max(subscribed[run_id, f.seq], awaited[f.seq, f.event_id])
                     later = order.get(f.event_id, -1) > order[e.event_id]
                     if later and e.at_ms <= at < e.expires_at_ms:
                         out.append(
@@ -319,6 +321,21 @@ def ttl_problems(shell: Shell) -> list[str]:
                             f"{e.event_id} of {ent} (kept till {e.expires_at_ms}) for "
                             f"{f.event_id}, and never got it"
                         )
+    return out
+
+
+def _awaited_at(facts: list[Any]) -> dict[tuple[int, str], int]:
+    """When the incarnation that received each event began its wait, by (seq, event
+    id). A retried run waits again at the same seq, and its entity keeps the first
+    incarnation's subscription: for the retried incarnation the wait began at the retry
+    (an event that expired while the run was failed was not skipped by it)."""
+    began: dict[int, int] = {}
+    out = {}
+    for f in facts:
+        if isinstance(f, EventAwaited):
+            began[f.seq] = f.at_ms
+        elif isinstance(f, EventReceived):
+            out[f.seq, f.event_id] = began.get(f.seq, 0)
     return out
 
 

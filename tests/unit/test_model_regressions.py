@@ -286,3 +286,29 @@ def test_a_retried_runs_wait_timing_out_frees_the_event_matched_to_its_first_inc
     model.advance(seconds=0)
     model.publish(key="1", ttl_ms=0)  # e2
     model.teardown()  # checks that no wait skipped an event within its ttl
+
+
+def test_a_retry_after_the_ttl_of_an_event_that_reached_the_failed_run_waits_for_a_new_one():
+    """The model's invariant, not the engine, was wrong here. A run fails (its timeout)
+    with its wait's subscription on its way; an event with a 3 s ttl is matched to that
+    wait and given back by the failed run; the run is retried 5 s later. The event had
+    expired before the retried wait began, so the retried wait takes the next event, as
+    for any wait that begins after an event's ttl. The invariant took the first
+    incarnation's subscription as the wait's start and called the event skipped (the
+    model's long run, at 26,605 examples; these are its shrunk steps, checked at the end
+    by the corrected invariant)."""
+    model = CoreModel()
+    model.begin(starts=[("saga", 0), ("parent", 0), ("waiter", 0)])
+    model.step_outcome(i=0, how="ok")
+    model.abort_and_redo(p=0)  # r2 (waiter) starts
+    model.advance(seconds=61)  # r2 times out, its event wait's subscription on its way
+    model.publish(key="0", ttl_ms=3000)  # e1, kept till 64 s
+    for _ in range(3):
+        model.start(workflow="saga", n=0)
+        model.abort_and_redo(p=0)
+    model.advance(seconds=0)  # 66 s
+    model.retry(i=135)  # r2, after e1 expired
+    model.publish(key="0", ttl_ms=3000)  # e2
+    model.quiescent_point()
+    got = [f.event_id for f in model.shell.facts("r2") if isinstance(f, EventReceived)]
+    assert got == ["e2"]
