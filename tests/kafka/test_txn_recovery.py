@@ -8,7 +8,7 @@ the batch: ``tests/component/test_txn_errors.py``.)"""
 from __future__ import annotations
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from runstream.audit.txns import TxnLedger
 from runstream.engine.work import LogRecord
@@ -121,5 +121,36 @@ def test_after_a_recreation_a_commit_that_landed_is_known_as_such(
         log._recreate()
         assert not log._landed()
         assert journal(kafka_bootstrap, ns) == [b"fact"]
+    finally:
+        log.close()
+
+
+class TimesOutOnce:
+    """The log's real consumer, whose next ``committed`` times out once, as it does
+    when the group's coordinator was paused (seen in the chaos suite)."""
+
+    def __init__(self, consumer: object) -> None:
+        self._consumer, self.failed = consumer, False
+
+    def committed(self, *args: object, **kw: object) -> object:
+        if not self.failed:
+            self.failed = True
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get committed"))
+        return self._consumer.committed(*args, **kw)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._consumer, name)
+
+
+def test_reading_the_committed_offsets_asks_again_after_a_timeout(kafka_bootstrap, ns):
+    """A rewind (after an aborted transaction) reads the group's committed offsets; a
+    timeout there asked nothing again and ended the instance with a traceback."""
+    log = started_log(kafka_bootstrap, ns)
+    try:
+        assert poll_commands(log) == [0, 1, 2]
+        log._consumer = TimesOutOnce(log._consumer)  # type: ignore[assignment]
+        log._rewind()
+        assert log._consumer.failed  # type: ignore[attr-defined]
+        assert poll_commands(log) == [0, 1, 2]  # rewound to the group's offset: nothing taken
     finally:
         log.close()

@@ -16,7 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runstream.topics.admin import ensure_topics
+from runstream.errors import KafkaUnavailable
+from runstream.topics.admin import client_config, ensure_topics, max_record_bytes
 
 from .flows import make_app
 from .kit import PARTITIONS, ROOT, ThreadWorker, spawn_worker
@@ -143,3 +144,11 @@ def test_runstream_workers_shows_what_each_instance_does(kafka_bootstrap, ns, tm
         assert proc.wait(30) == 0
     out = _runstream("workers", "-n", ns, "--state-dir", str(state))
     assert "stopped" in out.stdout, out.stdout
+
+
+def test_reading_the_record_limit_with_no_broker_answering_is_unavailable_not_a_topic_error():
+    """An engine starting while its broker is paused: reading the topics'
+    max.message.bytes timed out as a TopicError, which ends the instance, where
+    KafkaUnavailable makes it try again (seen in the chaos suite)."""
+    with pytest.raises(KafkaUnavailable, match="max.message.bytes"):
+        max_record_bytes(client_config(NOWHERE), ["any.commands"], timeout=2)

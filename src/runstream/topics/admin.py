@@ -102,8 +102,31 @@ def wait_for_cluster(
                 ) from None
 
 
+def unavailable(config: Config, what: str, exc: KafkaException) -> KafkaUnavailable:
+    return KafkaUnavailable(
+        str(config["bootstrap.servers"]), what, last_error() or str(exc.args[0])
+    )
+
+
+def refused(config: Config, what: str, exc: KafkaException) -> KafkaUnavailable | TopicError:
+    """The error for a question Kafka did not answer: `KafkaUnavailable` when no broker
+    answered in time (worth asking again), else `TopicError` (an ACL, a missing topic)."""
+    err = exc.args[0]
+    if isinstance(err, KafkaError) and (
+        err.retriable()
+        or err.code()
+        in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._TIMED_OUT)
+    ):
+        return unavailable(config, what, exc)
+    return TopicError(f"{what}: {err}")
+
+
 def max_record_bytes(config: Config, topics: Iterable[str], timeout: float = 10.0) -> int:
-    """The largest record every one of ``topics`` and our producers take."""
+    """The largest record every one of ``topics`` and our producers take.
+
+    Raises:
+        KafkaUnavailable: no broker answered in time (the engine asks again).
+        TopicError: Kafka refused the question."""
     limits = [int(config.get("message.max.bytes", 1_000_000))]
     admin = AdminClient(dict(config))  # keep it alive until the futures are done
     resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
@@ -111,7 +134,7 @@ def max_record_bytes(config: Config, topics: Iterable[str], timeout: float = 10.
         try:
             entry = future.result().get("max.message.bytes")
         except KafkaException as exc:
-            raise TopicError(f"cannot read the topics' max.message.bytes: {exc.args[0]}") from exc
+            raise refused(config, "reading the topics' max.message.bytes", exc) from None
         if entry is not None:
             limits.append(int(entry.value))
     return min(limits)

@@ -30,9 +30,8 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from runstream.errors import KafkaFatal, KafkaUnavailable, TopicError
-from runstream.topics.admin import Config, wait_for_cluster
-from runstream.topics.logs import last_error
+from runstream.errors import KafkaFatal, TopicError
+from runstream.topics.admin import Config, refused, unavailable, wait_for_cluster
 
 __all__ = ["GroupStatus", "Member", "PartitionLag", "group_status", "topics_with_prefix"]
 
@@ -94,7 +93,7 @@ def topics_with_prefix(config: Config, prefix: str, timeout: float = 10.0) -> li
     try:
         names = AdminClient(dict(config)).list_topics(timeout=timeout).topics
     except KafkaException as exc:
-        raise _unavailable(config, "listing topics", exc) from None
+        raise unavailable(config, "listing topics", exc) from None
     return sorted(n for n in names if n.startswith(prefix))
 
 
@@ -135,7 +134,7 @@ def _describe(
     try:
         desc = future.result()
     except KafkaException as exc:
-        raise _refused(config, f"describing consumer group {group_id}", exc) from None
+        raise refused(config, f"describing consumer group {group_id}", exc) from None
     members = [
         Member(
             m.member_id,
@@ -153,7 +152,7 @@ def _partitions(config: Config, admin: AdminClient, topic: str, timeout: float) 
     try:
         md = admin.list_topics(topic, timeout=timeout).topics.get(topic)
     except KafkaException as exc:
-        raise _unavailable(config, f"describing {topic}", exc) from None
+        raise unavailable(config, f"describing {topic}", exc) from None
     if md is None or md.error is not None or not md.partitions:
         raise TopicError(f"topic {topic} does not exist at {config['bootstrap.servers']}")
     return sorted(md.partitions)
@@ -173,7 +172,7 @@ def _committed(
     try:
         answer = future.result()
     except KafkaException as exc:
-        raise _refused(config, f"reading the offsets of consumer group {group_id}", exc) from None
+        raise refused(config, f"reading the offsets of consumer group {group_id}", exc) from None
     return {tp.partition: tp.offset for tp in answer.topic_partitions or () if tp.offset >= 0}
 
 
@@ -197,7 +196,7 @@ def _offsets(
         try:
             out[tp.partition] = int(future.result().offset)
         except KafkaException as exc:
-            raise _refused(config, f"reading the offsets of {topic}", exc) from None
+            raise refused(config, f"reading the offsets of {topic}", exc) from None
     return out
 
 
@@ -245,20 +244,3 @@ def _first_timestamps(
     finally:
         consumer.close()
     return found
-
-
-def _unavailable(config: Config, what: str, exc: KafkaException) -> KafkaUnavailable:
-    return KafkaUnavailable(
-        str(config["bootstrap.servers"]), what, last_error() or str(exc.args[0])
-    )
-
-
-def _refused(config: Config, what: str, exc: KafkaException) -> KafkaUnavailable | TopicError:
-    err = exc.args[0]
-    if isinstance(err, KafkaError) and err.code() in (
-        KafkaError._ALL_BROKERS_DOWN,
-        KafkaError._TRANSPORT,
-        KafkaError._TIMED_OUT,
-    ):
-        return _unavailable(config, what, exc)
-    return TopicError(f"{what}: {err}")

@@ -52,6 +52,7 @@ from runstream.topics.admin import (
     ensure_topics,
     max_record_bytes,
     partition_count,
+    refused,
     wait_for_cluster,
 )
 from runstream.topics.base import Ownership
@@ -344,16 +345,30 @@ class KafkaLog(Transactions):
     def committed(self, partitions: Iterable[int]) -> dict[int, int]:
         """The next command offset of each partition (its first offset if none)."""
         # Waits while another instance's transaction holds offsets of these partitions
-        # (KIP-447): only then is the journal's end final.
+        # (KIP-447): only then is the journal's end final. A request that timed out (its
+        # coordinator paused or moved) is asked again; past the deadline the instance
+        # ends with KafkaUnavailable and starts again.
+        deadline = time.monotonic() + 60
         with self.watchdog.watch("committed", 75):
-            tps = self._consumer.committed(self._tps(partitions), timeout=60)
+            while True:
+                try:
+                    out = self._committed(partitions)
+                    break
+                except KafkaException as exc:
+                    err = refused(self._config, "reading the group's committed offsets", exc)
+                    if not isinstance(err, KafkaUnavailable) or time.monotonic() > deadline:
+                        raise err from None
+                    log.warning("%s; asking again", err)
+        self._acked.update(out)
+        return out
+
+    def _committed(self, partitions: Iterable[int]) -> dict[int, int]:
         out = {}
-        for tp in tps:
+        for tp in self._consumer.committed(self._tps(partitions), timeout=15):
             offset = tp.offset
             if offset < 0:  # nothing committed yet: the partition's first offset
-                offset = self._consumer.get_watermark_offsets(tp, timeout=30)[0]
+                offset = self._consumer.get_watermark_offsets(tp, timeout=15)[0]
             out[tp.partition] = offset
-        self._acked.update(out)
         return out
 
     def end_offsets(self, partitions: Iterable[int]) -> dict[int, int]:
