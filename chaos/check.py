@@ -11,20 +11,29 @@ runs' outputs, the journal, and the step log every body appended to.
   out, a retry);
 - at most `app.GATE` bodies of the limited step ran at once (executions of a process that
   was killed or stopped meanwhile are zombies the limit cannot stop, and are left out);
-- each run received its event exactly once, the one published for it.
+- each run received its event exactly once, the one published for it;
+- a `read_committed` tail that followed the journal during the run (`JournalTail`) saw
+  nothing the final journal does not hold, and no record of a transaction that the
+  journal's own evidence names aborted (a delayed EndTxn, KAFKA-17754).
 """
 
 from __future__ import annotations
 
 import re
+import threading
+import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from runstream.audit.txns import TxnLedger
 from runstream.engine import payload
 from runstream.schemas.codec import Codec
 from runstream.topics.admin import client_config
 from runstream.topics.catchup import PartitionReader
+from runstream.topics.txn import TXN, WRITER
 
 from .app import GATE, expected
 
@@ -167,3 +176,91 @@ def partitions_lost(log_dir: Path) -> set[tuple[str, int]]:
         for m in re.finditer(r"partitions \[([\d, ]*)\] (?:lost|revoked) \(process (\d+)\)", text):
             found |= {(m[2], int(p)) for p in m[1].split(",") if p.strip()}
     return found
+
+
+#: A journal record as a tail sees it: (partition, offset) -> (writer, txn) from its headers.
+Seen = dict[tuple[int, int], tuple[str, str]]
+
+
+def _read_committed(bootstrap: str, topic: str) -> Consumer:
+    return Consumer(
+        {
+            **client_config(bootstrap),
+            "group.id": f"chaos-tail-{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+
+
+def _seen(msg: Any) -> tuple[tuple[int, int], tuple[str, str]]:
+    h = {k: v for k, v in (msg.headers() or [])}
+    return (msg.partition(), msg.offset()), (
+        h.get(WRITER, b"").decode(),
+        h.get(TXN, b"").decode(),
+    )
+
+
+class JournalTail(threading.Thread):
+    """Follows the journal with `read_committed` while the faults go on, keeping what it
+    saw; `stop` ends it."""
+
+    def __init__(self, bootstrap: str, ns: str, partitions: int) -> None:
+        super().__init__(name="journal-tail", daemon=True)
+        self.bootstrap, self.topic, self.partitions = bootstrap, f"{ns}.journal", partitions
+        self.seen: Seen = {}
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        consumer = _read_committed(self.bootstrap, self.topic)
+        tps = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in range(self.partitions)]
+        consumer.assign(tps)
+        try:
+            while not self._halt.is_set():
+                for msg in consumer.consume(500, 0.5):
+                    if msg.error() is None:
+                        where, txn = _seen(msg)
+                        self.seen[where] = txn
+        finally:
+            consumer.close()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(60)
+
+
+def tail_problems(bootstrap: str, ns: str, partitions: int, live: Seen) -> list[str]:
+    """What the live tail saw against the final journal: every record it saw is there,
+    with the same transaction, and none of a transaction named aborted."""
+    topic = f"{ns}.journal"
+    consumer = _read_committed(bootstrap, topic)
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    final: Seen = {}
+    ledger, done = TxnLedger(), set[int]()
+    try:
+        while len(done) < partitions:
+            for msg in consumer.consume(500, 5):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        done.add(msg.partition())
+                    continue
+                where, txn = _seen(msg)
+                final[where] = txn
+                ledger.add(msg.key(), msg.partition(), msg.offset(), msg.headers() or [])
+    finally:
+        consumer.close()
+    out = []
+    for (p, offset), (writer, seq) in sorted(live.items()):
+        if final.get((p, offset)) != (writer, seq):
+            out.append(
+                f"the live tail saw p{p}@{offset} of transaction {seq} of writer {writer}; "
+                f"the final journal has {final.get((p, offset))} there"
+            )
+        elif seq and int(seq) in ledger.aborted.get(writer, {}):
+            out.append(
+                f"the live tail saw p{p}@{offset} of transaction {seq} of writer {writer}, "
+                "which the journal names aborted"
+            )
+    return out

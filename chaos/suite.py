@@ -299,6 +299,8 @@ def run(
     procs: Processes | None = None
     try:
         ensure_topics(bootstrap, ns, PARTITIONS, 3, task_groups=["remote"])
+        tail = check.JournalTail(bootstrap, ns, PARTITIONS)
+        tail.start()
         procs = Processes(bootstrap, ns, out)
         deadline = time.monotonic() + minutes * 60
         load = Load(bootstrap, ns, rate, deadline)
@@ -314,6 +316,8 @@ def run(
         procs_faulted = procs.faulted
         report = audit(bootstrap, ns, expect_finished=True)
         journal = check.read_journal(bootstrap, ns)
+        tail.stop()
+        tailed = check.tail_problems(bootstrap, ns, PARTITIONS, tail.seen)
     finally:
         if procs is not None:
             with contextlib.suppress(Exception):
@@ -324,8 +328,10 @@ def run(
     found, figures = check.steps(procs.step_log, journal, procs_faulted, survivors, out)
     violations += found
     violations += check.events(journal, [run_id(i) for i in load.started])
+    violations += tailed
     violations += [f"engine or task worker exited {e} at the end" for e in exits if e != 0]
     figures["settled after the last fault"] = f"{settled:.0f}s"
+    figures["journal records seen by the live tail"] = len(tail.seen)
     return Result(len(load.started), nemesis.faults, violations, figures)
 
 
