@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from confluent_kafka import KafkaException
 from rich.console import Console
 from rich.tree import Tree
 
@@ -40,7 +39,7 @@ class _Cli(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (RunstreamError, TimeoutError, KafkaException) as exc:  # one line, no traceback
+        except (RunstreamError, TimeoutError) as exc:
             if logging.getLogger("runstream").isEnabledFor(logging.DEBUG):
                 traceback.print_exc()
             click.echo(f"{type(exc).__name__}: {exc}", err=True)

@@ -165,8 +165,11 @@ def subscribe(ctx: Rules, b: Batch, corr: EventEntityState, cmd: Subscribe) -> N
         if cmd.event_id:
             _given_back(b, corr, cmd)
         return
-    if (cmd.subscriber, cmd.seq) in corr.subscriptions:
-        return  # the same wait again (a retried run waits at the same seq): one subscription
+    wait = (cmd.subscriber, cmd.seq)
+    if wait in corr.subscriptions or wait in corr.matched:
+        # The same wait again (a retried run waits at the same seq): one subscription, and
+        # one event, the one matched to it and on its way (or coming back) if any.
+        return
     for event in corr.events:
         fresh = event.expires_at_ms > b.now
         if fresh and (cmd.subscriber, event.event_id) not in corr.delivered:
