@@ -8,10 +8,11 @@ the batch: ``tests/component/test_txn_errors.py``.)"""
 from __future__ import annotations
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 from runstream.audit.txns import TxnLedger
 from runstream.engine.work import LogRecord
+from runstream.errors import KafkaFatal
 from runstream.settings import Settings
 from runstream.topics.admin import client_config
 from runstream.topics.base import TransactionAborted
@@ -153,4 +154,41 @@ def test_reading_the_committed_offsets_asks_again_after_a_timeout(kafka_bootstra
         assert log._consumer.failed  # type: ignore[attr-defined]
         assert poll_commands(log) == [0, 1, 2]  # rewound to the group's offset: nothing taken
     finally:
+        log.close()
+
+
+def test_a_static_member_fenced_by_its_own_instance_id_ends_the_log_as_fatal(kafka_bootstrap, ns):
+    """librdkafka fences a static member for good when the group sees its instance id
+    come back under another member id (its own rejoin after a session timeout, its
+    issue 3437: seen in the chaos suite after an engine's SIGSTOP). The consumer is dead
+    from then on; its `_FATAL` error was logged as a warning and the instance polled a
+    dead consumer for ever, owning nothing. It must end (KafkaFatal) so it restarts."""
+    settings = Settings(bootstrap_servers=kafka_bootstrap, partitions=1, instance_id="i1")
+    log = open_engine_log(settings, Topics(ns), "i1", Watchdog(exit_on_hang=False), lambda: False)
+    assert log is not None
+    owner = Owner()
+    assert log.start(owner, lambda: False)
+    wait_for(lambda: log.poll(0.2, 10) == [] and owner.owned == [0], what="the assignment")
+    usurper = Consumer(
+        {
+            **client_config(kafka_bootstrap),
+            "group.id": f"{ns}.engine",
+            "group.instance.id": "i1",
+            "session.timeout.ms": 6000,
+            "partition.assignment.strategy": "cooperative-sticky",  # the engine's
+        }
+    )
+    try:
+        usurper.subscribe([log.topics.commands])
+        usurper.poll(1)  # joins under the same instance id: the log's member is fenced
+
+        def fenced() -> bool:
+            usurper.poll(0.1)
+            log.poll(0.2, 10)
+            return False
+
+        with pytest.raises(KafkaFatal, match="fenced"):
+            wait_for(fenced, timeout=60, what="the fenced consumer's error")
+    finally:
+        usurper.close()
         log.close()

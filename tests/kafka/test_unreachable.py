@@ -150,5 +150,5 @@ def test_reading_the_record_limit_with_no_broker_answering_is_unavailable_not_a_
     """An engine starting while its broker is paused: reading the topics'
     max.message.bytes timed out as a TopicError, which ends the instance, where
     KafkaUnavailable makes it try again (seen in the chaos suite)."""
-    with pytest.raises(KafkaUnavailable, match="max.message.bytes"):
+    with pytest.raises(KafkaUnavailable, match=r"max\.message\.bytes"):
         max_record_bytes(client_config(NOWHERE), ["any.commands"], timeout=2)

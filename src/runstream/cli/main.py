@@ -29,10 +29,11 @@ from runstream.cli.schedules_cmd import schedules
 from runstream.cli.tasks_cmd import tasks
 from runstream.cli.tasks_status import status as tasks_status
 from runstream.cli.topics_cmd import topics
-from runstream.errors import RunstreamError
+from runstream.errors import KafkaFatal, RunstreamError
 from runstream.instance import read_health
 from runstream.supervisor import EXIT_CANNOT_LOAD
 from runstream.topics.logs import LOGGER_NAME
+from runstream.topics.watchdog import EXIT_FATAL
 
 
 class _Cli(click.Group):
@@ -112,7 +113,11 @@ def worker(target: str, supervise: bool, **values: Any) -> None:
         why = f"{type(exc).__name__}: {exc}"
         click.echo(f"runstream worker: cannot load the App at {target!r}: {why}", err=True)
         sys.exit(EXIT_CANNOT_LOAD)
-    Worker(app, settings).run()
+    try:
+        Worker(app, settings).run()
+    except KafkaFatal as exc:  # a client Kafka refused for good: a new process starts clean
+        click.echo(f"runstream worker: {exc}", err=True)
+        sys.exit(EXIT_FATAL)
 
 
 @cli.command()

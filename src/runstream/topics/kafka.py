@@ -201,7 +201,7 @@ def consume_records(consumer: Consumer, timeout: float, limit: int, what: str) -
         err = msg.error()
         if err is None:
             records.append(as_record(msg))
-        elif err.fatal():
+        elif err.fatal() or err.code() == KafkaError._FATAL:  # dead for good: end, restart
             raise KafkaFatal(f"{what}: {err}")
         else:
             log.warning("%s: %s", what, err)
