@@ -9,7 +9,6 @@ its remote step with `runstream tasks serve examples.shop:app --group payments`;
 from __future__ import annotations
 
 import os
-import random
 
 from pydantic import BaseModel
 
@@ -24,9 +23,15 @@ class Order(BaseModel):
     amount: float
 
 
+_timed_out_once: set[str] = set()  # the orders whose first reservation timed out
+
+
 @app.step(retries=3, backoff=0.2)
 def reserve_stock(order: Order) -> str:
-    if random.random() < 0.3:  # a flaky inventory service: retried with backoff
+    # A flaky inventory service: the first call for each order times out; the engine
+    # retries it after its backoff and the second call succeeds.
+    if order.id not in _timed_out_once:
+        _timed_out_once.add(order.id)
         raise ConnectionError("inventory service timed out")
     return f"rsv-{order.id}"
 

@@ -10,7 +10,7 @@ from runstream.testing import WorkflowTester
 ORDER = {"id": "o-1", "item": "book", "amount": 25.0}
 
 
-def _steady(order: shop.Order) -> str:  # reserve_stock fails at random: not in a test
+def _steady(order: shop.Order) -> str:  # reserve_stock fails its first call: not here
     return f"rsv-{order.id}"
 
 
