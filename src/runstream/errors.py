@@ -17,7 +17,8 @@ RunstreamError
  ├─ PayloadTooLarge          a command larger than Kafka takes
  ├─ RunFailed                client.result() of a failed or dead run (.code says why)
  │   ├─ RunTimedOut          ... that passed its execution timeout (code "timed-out")
- │   └─ QueueFull            ... refused by its concurrency key's max_queued ("queue-full")
+ │   ├─ QueueFull            ... refused by its concurrency key's max_queued ("queue-full")
+ │   └─ HistoryTooLarge      ... whose history reached its cap ("history-too-large")
  ├─ RunCancelled             client.result() of a cancelled run
  ├─ RunRejected              client.result() of a start the engine refused
  ├─ ChildFailed              in a parent workflow: its child did not complete
@@ -147,6 +148,11 @@ class QueueFull(RunFailed):
     ``concurrency_key`` were waiting already."""
 
 
+class HistoryTooLarge(RunFailed):
+    """The run's history reached its cap (``Settings.history_max_events`` or
+    ``history_max_bytes``): a long loop should continue as new every few thousand steps."""
+
+
 class Failure:
     """Why a run failed, a stable code: ``RunFailed.code`` on the journal fact and on the
     exception `Client.result` raises (which it picks the class by), and `RunInfo.code`."""
@@ -156,17 +162,21 @@ class Failure:
     QUEUE_FULL = "queue-full"  # its concurrency key had max_queued runs waiting: QueueFull
     BAD_OUTPUT = "bad-output"  # its output (or continue-as-new input): not JSON, or too large
     DEAD = "dead"  # it crashed its instance past max_recovery_attempts (status dead)
+    HISTORY_TOO_LARGE = "history-too-large"  # its history reached its cap: HistoryTooLarge
 
 
 _FAILED_BY_CODE: dict[str, type[RunFailed]] = {
     Failure.TIMED_OUT: RunTimedOut,
     Failure.QUEUE_FULL: QueueFull,
+    Failure.HISTORY_TOO_LARGE: HistoryTooLarge,
 }
 
 #: How the engine starts the error text of a run that timed out.
 TIMED_OUT = "RunTimedOut: "
 #: ... of a run its concurrency key refused.
 QUEUE_FULL = "QueueFull: "
+#: ... of a run whose history reached its cap.
+HISTORY_TOO_LARGE = "HistoryTooLarge: "
 #: ... and of a step attempt that timed out (`StepTimeout`).
 STEP_TIMED_OUT = "StepTimeout: "
 

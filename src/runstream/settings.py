@@ -127,6 +127,23 @@ class Settings(BaseSettings):
         description="Largest Kafka record in bytes; default: the smallest "
         "max.message.bytes of the namespace's topics and the producer.",
     )
+    history_warn_events: int = Field(
+        10_000, ge=1, description="A run's history events past which the lifecycle says so."
+    )
+    history_max_events: int = Field(
+        50_000,
+        ge=1,
+        description="A run's history events at which it fails (history-too-large): a long "
+        "loop should continue as new.",
+    )
+    history_warn_bytes: int = Field(
+        10 * 1024 * 1024,
+        ge=1,
+        description="A run's payload bytes past which the lifecycle says so.",
+    )
+    history_max_bytes: int = Field(
+        50 * 1024 * 1024, ge=1, description="A run's payload bytes at which it fails."
+    )
     exit_on_hang: bool = Field(
         True,
         description="End the process when a Kafka call or workflow code hangs, so the "

@@ -41,6 +41,8 @@ from runstream.schemas.records import (
     ENTITY_PREFIX,
     Command,
     DeadLetter,
+    Kind,
+    LifecycleEvent,
     PublishEvent,
     Reason,
     RunInfo,
@@ -164,8 +166,11 @@ class Decider:
         """Run one decision; if it refuses or fails, undo its effects and dead-letter it."""
         st = b.state(p, run_id)
         mark = b.effects.mark()
+        size = (st.facts, st.history_bytes) if isinstance(st, RunState) else None
         try:
             self._encoded(b, st, decision)
+            if size is not None and isinstance(st, RunState):
+                self._history_warning(b, st, *size)
         except Rejected as exc:
             st = self._undo(b, run_id, mark)
             reason = self.limits.clip(exc.reason)
@@ -182,6 +187,20 @@ class Decider:
             self._undo(b, run_id, mark)
             reason = self.limits.clip(f"internal error: {exc!r}")
             self._dead_letter(b, cause, Reason.INTERNAL, reason, run_id, p)
+
+    def _history_warning(self, b: Batch, st: RunState, facts: int, size: int) -> None:
+        """The decision took the run's history past its warning size: say so, once, on
+        the lifecycle stream (at its cap the run fails: `rules.core`)."""
+        over = self.limits.history_over(st.facts, st.history_bytes, warn=True)
+        if over is None or self.limits.history_over(facts, size, warn=True) is not None:
+            return
+        b.effects.lifecycle.append(
+            LifecycleEvent(
+                Kind.RUN_HISTORY_LARGE, st.run_id, at_ms=b.now, workflow=st.workflow,
+                version=st.version, status=st.status,
+                reason=f"the run's history has {over}; at its cap the run fails: continue as new",
+            )
+        )  # fmt: skip
 
     def _encoded(self, b: Batch, st: State, decision: Callable[[State], None]) -> None:
         """Run the decision and encode what it produced (the outbox produces these bytes):

@@ -25,6 +25,12 @@ class Limits:
 
     max_record: int = DEFAULT_MAX_RECORD  # the largest record every topic and producer take
     text: int = 8 * 1024  # error, traceback and reason texts are clipped to this many chars
+    # A run's history: past the warning the lifecycle stream says so, at the cap the run
+    # fails (every activation replays the whole history: a long loop continues as new).
+    history_events_warn: int = 10_000
+    history_events_max: int = 50_000
+    history_bytes_warn: int = 10 * 1024 * 1024
+    history_bytes_max: int = 50 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.max_record <= 2 * ENVELOPE:
@@ -51,6 +57,17 @@ class Limits:
             f"{what} is {size:,} bytes; the limit is {self.payload:,} "
             f"(the largest Kafka record, {self.max_record:,}, less {ENVELOPE:,} for the envelope)"
         )
+
+    def history_over(self, events: int, size: int, warn: bool = False) -> str | None:
+        """Which of the history's caps (its warnings with ``warn``) ``events`` facts of
+        ``size`` payload bytes reach, said for a person; None when neither."""
+        most_events = self.history_events_warn if warn else self.history_events_max
+        most_bytes = self.history_bytes_warn if warn else self.history_bytes_max
+        if events >= most_events:
+            return f"{events:,} events (the {'warning' if warn else 'cap'} is {most_events:,})"
+        if size >= most_bytes:
+            return f"{size:,} payload bytes (the {'warning' if warn else 'cap'} is {most_bytes:,})"
+        return None
 
 
 def clean(text: str) -> str:

@@ -9,7 +9,7 @@ kind is an error, never skipped.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import TypeVar
 
 from runstream.engine.state import (
@@ -90,7 +90,22 @@ def apply(state: S, fact: Fact) -> S:
     return state
 
 
+def payload_bytes(fact: Fact) -> int:
+    """The bytes of ``fact``'s payloads (inputs, outputs, arguments, signal and event
+    payloads): what a run's history cap in bytes counts."""
+    names = _PAYLOAD_FIELDS.get(type(fact))
+    if names is None:
+        names = _PAYLOAD_FIELDS[type(fact)] = tuple(
+            f.name for f in fields(fact) if "bytes" in str(f.type)
+        )
+    return sum(len(getattr(fact, name) or b"") for name in names)
+
+
+_PAYLOAD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
 def _run(state: RunState, fact: Fact) -> None:
+    state.history_bytes += payload_bytes(fact)
     if state.status is Status.PARKED and not isinstance(fact, RunParked | SignalBuffered):
         state.status, state.reason = Status.RUNNING, None  # the run made progress again
     match fact:

@@ -105,6 +105,7 @@ class RunState:
     continued_as: str | None = None
     retried_as: str | None = None  # retried with new input as this run
     facts: int = 0  # facts applied: the next fact's index in the projection
+    history_bytes: int = 0  # the payload bytes of its facts (`reducer.payload_bytes`)
     steps: int = 0  # StepCompleted facts
     started: bool = False  # has a RunStarted (a rejected start has only RunRejected)
     reply_to: str | None = None  # the client its start asked to be told of its end

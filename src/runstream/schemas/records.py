@@ -48,6 +48,7 @@ class Kind(StrEnum):
     RUN_DEAD = "run.dead"
     RUN_REJECTED = "run.rejected"
     RUN_RETRIED = "run.retried"
+    RUN_HISTORY_LARGE = "run.history_large"
     EVENT_UNMATCHED = "event.unmatched"
     STEP_STARTED = "step.started"
     STEP_COMPLETED = "step.completed"

@@ -139,7 +139,13 @@ def _open_engine_log(
         transaction_timeout_ms=s.transaction_timeout_ms,
         session_timeout_ms=s.session_timeout_ms,
         watchdog=watchdog,
-        limits=Limits(max_record),
+        limits=Limits(
+            max_record,
+            history_events_warn=s.history_warn_events,
+            history_events_max=s.history_max_events,
+            history_bytes_warn=s.history_warn_bytes,
+            history_bytes_max=s.history_max_bytes,
+        ),
     )
 
 

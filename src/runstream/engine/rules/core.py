@@ -27,7 +27,7 @@ from runstream.engine.rules.context import Rules
 from runstream.engine.state import RunState, RunView, State, Status
 from runstream.engine.work import Batch
 from runstream.engine.workflow import WorkflowDef
-from runstream.errors import Failure, failure_code
+from runstream.errors import HISTORY_TOO_LARGE, Failure, failure_code
 from runstream.schemas.records import (
     END_FACTS,
     RUN_PERMIT_SEQ,
@@ -76,11 +76,31 @@ def advance(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int] = froze
         if st.run_id in b.parked:
             park(ctx, b, st, b.parked[st.run_id])
             return
+        if _history_full(ctx, b, st):
+            return
         result = _replay(ctx, wf, st, b.now)
         for fact in result.new_facts:
             emit(b, st, fact)
         if not _follow(ctx, b, st, result, relaunch):
             return
+
+
+def _history_full(ctx: Rules, b: Batch, st: RunState) -> bool:
+    """At its history's cap the run fails rather than replay a history that only grows."""
+    over = ctx.limits.history_over(st.facts, st.history_bytes)
+    if over is None:
+        return False
+    error = (
+        f"{HISTORY_TOO_LARGE}run {st.run_id!r} has {over} in its history. Every activation "
+        "replays the whole history: a long-running loop should call ctx.continue_as_new(...) "
+        "every few thousand steps, which starts a fresh history"
+    )
+    emit(
+        b,
+        st,
+        RunFailed(st.run_id, b.now, error=error, traceback="", code=Failure.HISTORY_TOO_LARGE),
+    )
+    return True
 
 
 def _replay(ctx: Rules, wf: WorkflowDef, st: RunState, now: int) -> Replay:
