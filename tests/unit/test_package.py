@@ -29,6 +29,7 @@ def test_public_names_are_pinned():
         "KafkaUnavailable",
         "NonDeterminismError",
         "PayloadTooLarge",
+        "HistoryTooLarge",
         "QueueFull",
         "RunCancelled",
         "RunFailed",
