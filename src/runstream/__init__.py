@@ -54,6 +54,7 @@ if TYPE_CHECKING:
         TopicError,
         WorkflowNotFound,
     )
+    from runstream.operations import CancelReport, JournalFact, RunPage, RunSummary
     from runstream.settings import Settings
     from runstream.worker import Worker
 
@@ -94,11 +95,16 @@ _HOME = {
     "Settings": "runstream.settings",
     "StepContext": "runstream.engine.steps",
     "Worker": "runstream.worker",
+    "CancelReport": "runstream.operations",
+    "JournalFact": "runstream.operations",
+    "RunPage": "runstream.operations",
+    "RunSummary": "runstream.operations",
     **dict.fromkeys(_ERRORS, "runstream.errors"),
 }
 
 __all__ = [
     "App",
+    "CancelReport",
     "ChildFailed",
     "Client",
     "CommandNotDelivered",
@@ -108,6 +114,7 @@ __all__ = [
     "EventTimeout",
     "Failure",
     "InvalidInput",
+    "JournalFact",
     "KafkaFatal",
     "KafkaNotAuthorized",
     "KafkaSetupError",
@@ -119,7 +126,9 @@ __all__ = [
     "RunFailed",
     "RunInfo",
     "RunNotFound",
+    "RunPage",
     "RunRejected",
+    "RunSummary",
     "RunTimedOut",
     "RunstreamError",
     "SchemaError",
