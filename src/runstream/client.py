@@ -39,6 +39,7 @@ from runstream.operations import (
     When,
     bulk_cancel,
     caught_up,
+    check_status,
     journal,
     time_ms,
     where_of,
@@ -494,7 +495,8 @@ class Client:
         datetime, a timedelta or "1h" ago, or an ISO date). ``after=page.after`` gives the
         next page. Read from the runs read model (as `runstream runs list`), caught up
         with ``<ns>.lifecycle`` first, kept in ``cache_dir`` (default: the runstream
-        cache directory)."""
+        cache directory). Raises `ValueError` for a status no run can have."""
+        check_status(status)
         query = RunQuery(
             status=status,
             workflow=workflow,

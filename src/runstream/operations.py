@@ -315,12 +315,17 @@ def _bytes_value(data: bytes) -> Any:
 # -- the bulk cancel ---------------------------------------------------------------------
 
 
+def check_status(status: str | None) -> None:
+    """Refuse a status no run can have (a typo would match nothing, silently)."""
+    if status is not None and status not in {s.value for s in Status}:
+        raise ValueError(f"no status {status!r}")
+
+
 def where_of(
     status: str | None, workflow: str | None, version: str | None, tags: Mapping[str, str]
 ) -> dict[str, str]:
     """The conditions of a bulk cancel as its job file names them (``tag.K`` for a tag)."""
-    if status is not None and status not in {s.value for s in Status}:
-        raise ValueError(f"no status {status!r}")
+    check_status(status)
     named = {"status": status, "workflow": workflow, "version": version}
     where = {k: v for k, v in named.items() if v is not None}
     where |= {f"tag.{k}": v for k, v in tags.items()}

@@ -65,6 +65,8 @@ def test_list_runs_pages_filters_and_types_the_runs_and_history_reads_the_journa
             later = datetime.now(UTC) + timedelta(hours=1)
             assert client.list_runs(since=later, cache_dir=cache).runs == []
             assert client.list_runs(until=later, cache_dir=cache).count == 6
+            with pytest.raises(ValueError, match="no status 'sleeping'"):
+                client.list_runs(status="sleeping", cache_dir=cache)
 
             facts = client.history("done-1", cache_dir=cache)
             assert all(isinstance(f, runstream.JournalFact) for f in facts)
