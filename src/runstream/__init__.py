@@ -55,6 +55,7 @@ if TYPE_CHECKING:
         TopicError,
         WorkflowNotFound,
     )
+    from runstream.operations import CancelReport, JournalFact, RunPage, RunSummary
     from runstream.settings import Settings
     from runstream.worker import Worker
 
@@ -96,11 +97,16 @@ _HOME = {
     "Settings": "runstream.settings",
     "StepContext": "runstream.engine.steps",
     "Worker": "runstream.worker",
+    "CancelReport": "runstream.operations",
+    "JournalFact": "runstream.operations",
+    "RunPage": "runstream.operations",
+    "RunSummary": "runstream.operations",
     **dict.fromkeys(_ERRORS, "runstream.errors"),
 }
 
 __all__ = [
     "App",
+    "CancelReport",
     "ChildFailed",
     "Client",
     "CommandNotDelivered",
@@ -111,6 +117,7 @@ __all__ = [
     "Failure",
     "HistoryTooLarge",
     "InvalidInput",
+    "JournalFact",
     "KafkaFatal",
     "KafkaNotAuthorized",
     "KafkaSetupError",
@@ -122,7 +129,9 @@ __all__ = [
     "RunFailed",
     "RunInfo",
     "RunNotFound",
+    "RunPage",
     "RunRejected",
+    "RunSummary",
     "RunTimedOut",
     "RunstreamError",
     "SchemaError",

@@ -12,8 +12,9 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -30,6 +31,20 @@ from runstream.errors import (
     TopicError,
     run_failed,
 )
+from runstream.operations import (
+    CancelReport,
+    JournalFact,
+    RunPage,
+    RunSummary,
+    When,
+    bulk_cancel,
+    caught_up,
+    check_status,
+    journal,
+    time_ms,
+    where_of,
+)
+from runstream.projections.runs import RunQuery
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
     TERMINAL,
@@ -90,7 +105,7 @@ class Client:
         self, namespace: str, bootstrap: str | None = None, *, settings: Settings | None = None
     ) -> None:
         s = (settings or Settings()).with_bootstrap(bootstrap)
-        self.namespace, self.topics = namespace, Topics(namespace)
+        self.settings, self.namespace, self.topics = s, namespace, Topics(namespace)
         self.bootstrap = s.bootstrap()
         self.client_id = f"client-{uuid.uuid4().hex}"
         self.codec = Codec.default()
@@ -459,6 +474,85 @@ class Client:
                 f"{self.namespace}` or start an engine instance"
             )
         return n
+
+    # -- operations on many runs: the runs read model and the journal (`operations`) ----
+
+    def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        version: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        since: When | None = None,
+        until: When | None = None,
+        limit: int = 20,
+        after: str | None = None,
+        cache_dir: Path | None = None,
+    ) -> RunPage:
+        """A page of the namespace's runs, newest first, that match every condition
+        given: ``tags`` must all match; ``since`` and ``until`` bound the start (a
+        datetime, a timedelta or "1h" ago, or an ISO date). ``after=page.after`` gives the
+        next page. Read from the runs read model (as `runstream runs list`), caught up
+        with ``<ns>.lifecycle`` first, kept in ``cache_dir`` (default: the runstream
+        cache directory). Raises `ValueError` for a status no run can have."""
+        check_status(status)
+        query = RunQuery(
+            status=status,
+            workflow=workflow,
+            version=version,
+            tags=dict(tags or {}),
+            since_ms=None if since is None else time_ms(since),
+            until_ms=None if until is None else time_ms(until),
+        )
+        with caught_up(self.namespace, self.settings, cache_dir) as (model, _):
+            page = model.find(query, limit, after)
+            count, partial = model.count(query), model.partial
+        return RunPage([RunSummary.of(r) for r in page.runs], page.after, count, partial)
+
+    def history(self, run_id: str, *, cache_dir: Path | None = None) -> list[JournalFact]:
+        """The run's journal facts, in order (as `runstream runs history`), read from its
+        journal partition. Raises `RunNotFound` if the journal holds none."""
+        facts = journal(run_id, self.namespace, self.settings, cache_dir)
+        if not facts:
+            raise RunNotFound(f"no run {run_id!r} in {self.topics.journal}")
+        return [JournalFact.of(f) for f in facts]
+
+    def cancel_where(
+        self,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        version: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        compensate: bool = False,
+        reason: str = "",
+        rate: float | None = None,
+        timeout: float = 120.0,
+        dry_run: bool = False,
+        cache_dir: Path | None = None,
+    ) -> CancelReport:
+        """Cancel every run that matches the conditions (at least one), as a durable job
+        (as `runstream runs cancel --where`): the runs are selected once from the runs
+        read model and kept in a job file beside it, so a call stopped part way resumes
+        with the same conditions (refused with `ValueError` if ``compensate`` differs).
+        ``rate``: at most so many cancels a second. Then waits up to ``timeout`` seconds
+        for the runs to end: `CancelReport.open` names those that have not. ``dry_run``
+        only says which runs it would cancel."""
+        where = where_of(status, workflow, version, tags or {})
+        return bulk_cancel(
+            self.namespace,
+            self.settings,
+            lambda: self,
+            where,
+            compensate=compensate,
+            reason=reason or f"cancel_where {where}",
+            rate=rate,
+            timeout=timeout,
+            dry_run=dry_run,
+            base=cache_dir,
+            progress=None,
+        )
 
 
 def _ended(info: RunInfoRecord) -> bool:

@@ -14,6 +14,7 @@ def test_public_names_are_pinned():
     assert runstream.__all__ == sorted(runstream.__all__)
     assert set(runstream.__all__) == {
         "App",
+        "CancelReport",
         "ChildFailed",
         "Client",
         "CommandNotDelivered",
@@ -23,6 +24,7 @@ def test_public_names_are_pinned():
         "EventTimeout",
         "Failure",
         "InvalidInput",
+        "JournalFact",
         "KafkaFatal",
         "KafkaNotAuthorized",
         "KafkaSetupError",
@@ -35,7 +37,9 @@ def test_public_names_are_pinned():
         "RunFailed",
         "RunInfo",
         "RunNotFound",
+        "RunPage",
         "RunRejected",
+        "RunSummary",
         "RunTimedOut",
         "RunstreamError",
         "SchemaError",

@@ -48,6 +48,7 @@ class _Cli(click.Group):
 
 
 @click.group(cls=_Cli)
+@click.version_option(package_name="runstream", message="runstream %(version)s")
 @click.option(
     "-v",
     "--verbose",

@@ -9,10 +9,7 @@ event) on stdout; warnings and the progress bar go to stderr.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import re
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -26,22 +23,18 @@ from rich.table import Table
 
 from runstream.cli import options
 from runstream.cli.options import namespace
-from runstream.engine import payload
-from runstream.engine.partitioner import partition_for
-from runstream.engine.workflow import seconds
-from runstream.errors import DecodeError, RunNotFound, TopicError
+from runstream.errors import DecodeError, RunNotFound
+from runstream.operations import caught_up as model_caught_up
+from runstream.operations import journal, no_namespace, plain, reader, time_ms
+from runstream.operations import model_path as model_path  # where it was: tests import it
 from runstream.projections.runs import CatchUp, RunQuery, RunRow, RunsModel
 from runstream.schemas.codec import Codec
-from runstream.schemas.records import END_FACTS, LifecycleEvent, Record, Status
-from runstream.settings import Settings, cache_dir
-from runstream.topics.admin import client_config
-from runstream.topics.catchup import PartitionReader
+from runstream.schemas.records import LifecycleEvent, Record, Status
+from runstream.settings import Settings
 from runstream.topics.spec import Topics
 
 #: Show a progress bar when a catch-up has more lifecycle records than this to read.
 PROGRESS_FROM = 3000
-#: How far before a run's first lifecycle event its journal records may lie (clock skew).
-_HISTORY_SLACK_MS = 5 * 60 * 1000
 
 as_json = click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
 cache = click.option(
@@ -52,63 +45,21 @@ cache = click.option(
 )
 
 
-def model_path(base: Path | None, bootstrap: str, ns: str) -> Path:
-    """The model's directory: one per cluster and namespace."""
-    cluster = re.sub(r"[^A-Za-z0-9.-]+", "_", bootstrap)[:120]
-    return (base or cache_dir() / "runs") / cluster / ns
-
-
-def _reader(settings: Settings, topic: str) -> PartitionReader:
-    config = client_config(settings.bootstrap(), settings.kafka)
-    return PartitionReader(config, topic, settings.connect_timeout)
-
-
-def _no_namespace(ns: str, settings: Settings, topic: str) -> TopicError:
-    return TopicError(
-        f"no topic {topic} at {settings.bootstrap()}: is {ns!r} the namespace (-n or "
-        f"RUNSTREAM_NAMESPACE) and the broker (--bootstrap) right?"
-    )
-
-
 @contextmanager
 def caught_up(
     ns: str, bootstrap: str | None, base: Path | None
 ) -> Iterator[tuple[RunsModel, CatchUp | None]]:
     """The namespace's runs model, caught up with its lifecycle topic (None: another
-    process holds the model; it is used as last written)."""
+    process holds the model; it is used as last written), with a progress bar and
+    warnings on stderr."""
     settings = Settings().with_bootstrap(bootstrap)
-    topic = Topics(ns).lifecycle
-    reader = _reader(settings, topic)
-    path = model_path(base, settings.bootstrap(), ns)
+    bar = _ProgressBar()
     try:
-        try:
-            model = RunsModel(path)
-        except Exception as exc:  # rocksdict says only "IO error: ... lock file ..."
-            if "lock" not in str(exc).lower():
-                raise
-            model = RunsModel(path, read_only=True)
-        try:
-            done = None
-            if model.read_only:
-                _warn(f"another process is updating {path}; showing it as last written")
-                if reader.layout() is None:
-                    raise _no_namespace(ns, settings, topic)
-            else:
-                with _ProgressBar() as bar:
-                    try:
-                        done = model.catch_up(reader, bar)
-                    except LookupError:
-                        raise _no_namespace(ns, settings, topic) from None
-            if model.partial:
-                _warn(
-                    f"{topic} had dropped old events (retention) before this cache first read "
-                    "it: runs quiet since then are missing"
-                )
-            yield model, done
-        finally:
-            model.close()
+        with model_caught_up(ns, settings, base, bar, _warn) as found:
+            bar.stop()  # before the answer is printed
+            yield found
     finally:
-        reader.close()
+        bar.stop()
 
 
 class _ProgressBar:
@@ -117,9 +68,6 @@ class _ProgressBar:
     def __init__(self) -> None:
         self._progress: Progress | None = None
         self._task: Any = None
-
-    def __enter__(self) -> _ProgressBar:
-        return self
 
     def __call__(self, done: int, total: int) -> None:
         if self._progress is None:
@@ -131,9 +79,10 @@ class _ProgressBar:
             self._task = self._progress.add_task("reading lifecycle events", total=total)
         self._progress.update(self._task, completed=done)
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
         if self._progress is not None:
             self._progress.stop()
+            self._progress = None
 
 
 @click.group()
@@ -244,7 +193,7 @@ def show(
     if as_json:
         out = {
             "run": row.to_dict(),
-            "timeline": [{**_plain(ev), "since_previous_ms": d} for ev, d in timeline],
+            "timeline": [{**plain(ev), "since_previous_ms": d} for ev, d in timeline],
         }
         click.echo(json.dumps(out, indent=2))
         return
@@ -267,13 +216,11 @@ def history(
 ) -> None:
     """RUN_ID's journal facts, decoded, in order (read from its journal partition)."""
     settings = Settings().with_bootstrap(bootstrap)
-    facts = _journal(
-        run_id, namespace, settings, model_path(cache_dir, settings.bootstrap(), namespace)
-    )
+    facts = journal(run_id, namespace, settings, cache_dir)
     if not facts:
         raise RunNotFound(f"no run {run_id!r} in {namespace}.journal")
     if as_json:
-        click.echo(json.dumps({"run_id": run_id, "facts": [_plain(f) for f in facts]}, indent=2))
+        click.echo(json.dumps({"run_id": run_id, "facts": [plain(f) for f in facts]}, indent=2))
         return
     table = Table("at", "+", "fact", "seq", "detail")
     prev_ms = None
@@ -309,14 +256,14 @@ def tail(
     """Print NAMESPACE's lifecycle events as they happen (Ctrl-C stops; --json: JSON lines)."""
     settings = Settings().with_bootstrap(bootstrap)
     topic = Topics(namespace).lifecycle
-    reader = _reader(settings, topic)
+    source = reader(settings, topic)
     codec, shown = Codec.default(), 0
     try:
-        layout = reader.layout()
+        layout = source.layout()
         if layout is None:
-            raise _no_namespace(namespace, settings, topic)
+            raise no_namespace(namespace, settings, topic)
         start = {p: high for p, (_, high) in layout.bounds.items()}
-        for records, _ in reader.read(start, follow=True):
+        for records, _ in source.read(start, follow=True):
             for rec in records:
                 try:
                     ev = codec.decode(rec.value)
@@ -327,7 +274,7 @@ def tail(
                 if (workflow and ev.workflow != workflow) or (status and ev.status != status):
                     continue
                 if as_json:
-                    click.echo(json.dumps(_plain(ev)))
+                    click.echo(json.dumps(plain(ev)))
                 else:
                     click.echo(_line(ev))
                 shown += 1
@@ -336,7 +283,7 @@ def tail(
     except KeyboardInterrupt:
         pass
     finally:
-        reader.close()
+        source.close()
 
 
 @click.command()
@@ -374,51 +321,6 @@ def versions(namespace: str, bootstrap: str | None, cache_dir: Path | None, as_j
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def _journal(run_id: str, ns: str, settings: Settings, path: Path) -> list[Record]:
-    """The run's facts, read from its journal partition: from a little before its first
-    lifecycle event when the cache knows it, else from the start; up to its end fact."""
-    reader = _reader(settings, Topics(ns).journal)
-    codec, key, facts = Codec.default(), run_id.encode(), []
-    try:
-        layout = reader.layout()
-        if layout is None:
-            raise _no_namespace(ns, settings, Topics(ns).journal)
-        p = partition_for(key, len(layout.bounds))
-        start = layout.bounds[p][0]
-        first_ms = _first_seen(path, run_id)
-        if first_ms is not None:
-            start = reader.offset_at(p, first_ms - _HISTORY_SLACK_MS) or start
-        for records, _ in reader.read({p: start}):
-            for rec in records:
-                if rec.key != key:
-                    continue
-                try:
-                    fact = codec.decode(rec.value)
-                except DecodeError:
-                    continue
-                facts.append(fact)
-                if type(fact) in END_FACTS:  # nothing follows a run's end
-                    return facts
-    finally:
-        reader.close()
-    return facts
-
-
-def _first_seen(path: Path, run_id: str) -> int | None:
-    """When the cached runs model first saw ``run_id`` (no catch-up); None if it did not."""
-    if not path.exists():
-        return None
-    try:
-        model = RunsModel(path, read_only=True)
-    except Exception:  # no model there yet, or one being created
-        return None
-    try:
-        events = model.events(run_id)
-        return events[0].at_ms if events else None
-    finally:
-        model.close()
 
 
 def _pairs(events: list[LifecycleEvent]) -> Iterator[tuple[LifecycleEvent | None, LifecycleEvent]]:
@@ -469,29 +371,13 @@ def _detail(ev: LifecycleEvent) -> str:
 
 
 def _fact_detail(fact: Record) -> str:
-    fields = _plain(fact)
+    fields = plain(fact)
     skip = {"type", "run_id", "at_ms", "seq", "traceback", "reply_to", "request_id"}
     return ", ".join(
         f"{k}={json.dumps(v)}"
         for k, v in fields.items()
         if k not in skip and v not in (None, "", {})
     )
-
-
-def _plain(record: Record) -> dict[str, Any]:
-    """A record as JSON data: ``type`` first, payload bytes as the JSON they hold."""
-    out: dict[str, Any] = {"type": getattr(record, "type", record.AVRO)}
-    for f in dataclasses.fields(record):  # type: ignore[arg-type]
-        value = getattr(record, f.name)
-        out[f.name] = _bytes_value(value) if isinstance(value, bytes) else value
-    return out
-
-
-def _bytes_value(data: bytes) -> Any:
-    try:
-        return payload.loads(data)
-    except ValueError:
-        return data.decode(errors="replace")
 
 
 def _tags(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -506,19 +392,10 @@ def _tags(pairs: tuple[str, ...]) -> dict[str, str]:
 
 def _time(value: str | None, option: str) -> int | None:
     """``1h`` (that long ago) or an ISO date/time (local unless it names a zone) -> epoch ms."""
-    if value is None:
-        return None
     try:
-        return int((time.time() - seconds(value)) * 1000)
-    except ValueError:
-        pass
-    try:
-        return int(datetime.fromisoformat(value).timestamp() * 1000)
-    except ValueError:
-        raise click.BadParameter(
-            f"{value!r} is neither a duration (30m, 1h, 2d) nor a date (2025-01-31T12:00)",
-            param_hint=option,
-        ) from None
+        return None if value is None else time_ms(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=option) from None
 
 
 def _when(at_ms: int, precise: bool = False) -> str:
