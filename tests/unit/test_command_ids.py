@@ -6,12 +6,14 @@ from __future__ import annotations
 import pytest
 
 from runstream.engine.workflow import Registry, workflow_def
+from runstream.schemas.codec import MAGIC
 from runstream.schemas.records import (
     RUN_PERMIT_SEQ,
     Acquire,
     Cancel,
     Grant,
     PublishEvent,
+    Reason,
     Release,
     ScheduleCommand,
     Signal,
@@ -157,3 +159,17 @@ def test_a_permit_asked_before_request_ids_existed_is_still_released():
     core.command(Acquire(limit, "new", seq=6, concurrency=1))
     core.command(Release(limit, "old", seq=5))  # its release names no request either
     assert list(core.state(limit).held) == [("new", 6)]
+
+
+def test_a_record_of_a_schema_this_engine_does_not_know_says_to_upgrade_and_redrive():
+    """A rolling deploy: a newer engine or client wrote a record type or version this
+    engine does not know (Avro single-object encoding, unknown fingerprint). It was
+    dead-lettered as undecodable like garbage; the letter now says what it likely is
+    and what to do."""
+    core = _core()
+    core.record(MAGIC + bytes(8) + b"\x02x", key=b"r1")
+    [letter] = core.dead
+    assert letter.code == Reason.UNKNOWN_SCHEMA
+    assert "newer" in letter.reason and "redrive" in letter.reason
+    core.record(b"garbage", key=b"r1")
+    assert core.dead[-1].code == Reason.UNDECODABLE

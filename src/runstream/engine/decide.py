@@ -101,7 +101,14 @@ class Decider:
         try:
             cmd = self.codec.decode(value)
         except DecodeError as exc:
-            self._dead_letter(b, rec, Reason.UNDECODABLE, f"undecodable record ({exc})")
+            if exc.kind == "unknown-fingerprint":  # a rolling deploy: written by a newer one?
+                why = (
+                    f"a record of a schema this engine does not know ({exc}): written by a "
+                    "newer Runstream? Upgrade every engine, then `runstream dlq redrive` it"
+                )
+                self._dead_letter(b, rec, Reason.UNKNOWN_SCHEMA, why)
+            else:
+                self._dead_letter(b, rec, Reason.UNDECODABLE, f"undecodable record ({exc})")
             return None
         if not isinstance(cmd, Command):
             self._dead_letter(b, rec, Reason.NOT_A_COMMAND, f"{cmd.AVRO} is not a command")

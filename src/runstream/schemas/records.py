@@ -61,6 +61,7 @@ class Reason(StrEnum):
     """Why a record went to the dead-letter topic (``DeadLetter.code``)."""
 
     UNDECODABLE = "undecodable"
+    UNKNOWN_SCHEMA = "unknown-schema"  # single-object Avro of a schema this engine lacks
     NOT_A_COMMAND = "not-a-command"
     BAD_RUN_ID = "bad-run-id"
     OVERSIZE = "oversize"
