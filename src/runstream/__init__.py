@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from runstream.app import App
     from runstream.client import Client, RunInfo
-    from runstream.engine.replay import Context
+    from runstream.engine.replay import Context, Promise
     from runstream.engine.steps import StepContext
     from runstream.errors import (
         ChildFailed,
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
         KafkaUnavailable,
         NonDeterminismError,
         PayloadTooLarge,
+        PromiseRejected,
+        PromiseTimeout,
         QueueFull,
         RunCancelled,
         RunFailed,
@@ -71,6 +73,8 @@ _ERRORS = (
     "KafkaUnavailable",
     "NonDeterminismError",
     "PayloadTooLarge",
+    "PromiseRejected",
+    "PromiseTimeout",
     "QueueFull",
     "RunCancelled",
     "RunFailed",
@@ -91,6 +95,7 @@ _HOME = {
     "Client": "runstream.client",
     "RunInfo": "runstream.client",
     "Context": "runstream.engine.replay",
+    "Promise": "runstream.engine.replay",
     "Settings": "runstream.settings",
     "StepContext": "runstream.engine.steps",
     "Worker": "runstream.worker",
@@ -114,6 +119,9 @@ __all__ = [
     "KafkaUnavailable",
     "NonDeterminismError",
     "PayloadTooLarge",
+    "Promise",
+    "PromiseRejected",
+    "PromiseTimeout",
     "QueueFull",
     "RunCancelled",
     "RunFailed",
