@@ -354,3 +354,19 @@ def test_the_facts_fold_the_same_from_scratch_with_an_open_promise():
     resolve(c, "r/promise/1", 1)
     assert isinstance(c.state("r").resolved[1], PromiseCompleted) and not c.state("r").promises
     clean(c, "r")
+
+
+def test_a_parked_run_keeps_a_completion_and_takes_it_when_it_resumes():
+    c = core()
+    c.start("r", "early")
+    elsewhere = Core(Registry())  # an instance without the workflow: the run parks there
+    elsewhere.states, elsewhere.now = c.states, c.now
+    elsewhere.advance(10)
+    assert c.state("r").status == "parked"
+    resolve(elsewhere, "r/promise/1", "kept")
+    st = c.state("r")
+    assert st.status == "parked" and isinstance(st.resolved[1], PromiseCompleted)
+    c.journal += elsewhere.journal
+    c.resume("r")  # code that has the workflow again
+    assert payload.loads(c.state("r").output) == {"first": "kept", "again": "kept"}
+    assert check_run(c.facts("r")) == []

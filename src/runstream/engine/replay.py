@@ -238,9 +238,9 @@ def requested_op(request: Request) -> str:
 
 
 class Promise:
-    """A durable promise (`Context.promise`): ``id`` is recorded before any code that
-    sends it runs; ``await promise`` gives the value it was resolved with, or raises
-    `PromiseRejected` or `PromiseTimeout`. Awaiting it again gives the same outcome."""
+    """A durable promise (`Context.promise`), named by ``id``: ``await promise`` gives
+    the value it was resolved with, or raises `PromiseRejected` or `PromiseTimeout`.
+    Awaiting it again gives the same outcome."""
 
     __slots__ = ("_ctx", "id", "seq")
 
@@ -401,24 +401,25 @@ class Context:
         return ChildCall(seq, name, payload.dumps(input), child_id, awaited, parent_close)
 
     def promise(self, timeout: float | str | None = None) -> Promise:
-        """A durable promise: its ``id`` (``<run_id>/promise/<seq>``) is recorded with
-        the run's next decision, so it is durable before any step that sends it runs.
-        Anyone completes it once: `Client.resolve` / `Client.reject`, ``runstream
+        """A durable promise. Its ``id``, ``<run_id>/promise/<seq>``, is recorded in the
+        decision that goes on to the code after this call, so a step that sends the id
+        counts only once the id is on the journal (and a replay gives the same id).
+        Anyone completes it, once: `Client.resolve` / `Client.reject`, ``runstream
         promise resolve|reject``, or a plain `CompletePromise` record; a completion that
         comes before the workflow awaits it is kept. ``timeout`` (from now) completes it
         as timed out if nobody did by then: its await raises `PromiseTimeout`, and a
         later completion is refused."""
         secs = None if timeout is None else seconds(timeout)
         seq = self._next()
-        fact = self._recorded(seq, "promise")
-        if fact is None:
+        pid = promise_id(self.run_id, seq)
+        if self._recorded(seq, "promise") is None:
             due = None if secs is None else self._now_ms + int(secs * 1000)
-            pid = promise_id(self.run_id, seq)
-            fact = PromiseCreated(
-                self.run_id, self._now_ms, seq=seq, promise_id=pid, timeout_at_ms=due
+            self._new.append(
+                PromiseCreated(
+                    self.run_id, self._now_ms, seq=seq, promise_id=pid, timeout_at_ms=due
+                )
             )
-            self._new.append(fact)
-        return Promise(self, seq, promise_id(self.run_id, seq))
+        return Promise(self, seq, pid)
 
     async def _outcome(self, promise: Promise) -> Any:
         """What awaiting ``promise`` gives: its outcome once recorded (no seq of its own:
