@@ -48,9 +48,9 @@ def complete(ctx: Rules, b: Batch, st: RunState, cmd: CompletePromise) -> None:
 
 
 def time_out(ctx: Rules, b: Batch, st: RunState, created: PromiseCreated) -> None:
-    """The promise's timeout passed with nobody completing it: it times out, once."""
+    """The open promise's timeout passed with nobody completing it: it times out."""
     due = created.timeout_at_ms
-    if due is None or due > b.now or created.seq not in st.promises or st.terminal:
+    if due is None or due > b.now or st.terminal:
         return
     at = datetime.fromtimestamp(due / 1000, UTC).isoformat(timespec="milliseconds")
     why = f"promise {created.promise_id!r} was not completed by its timeout ({at})"
