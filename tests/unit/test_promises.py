@@ -370,3 +370,15 @@ def test_a_parked_run_keeps_a_completion_and_takes_it_when_it_resumes():
     c.resume("r")  # code that has the workflow again
     assert payload.loads(c.state("r").output) == {"first": "kept", "again": "kept"}
     assert check_run(c.facts("r")) == []
+
+
+def test_a_completion_while_the_sending_step_still_runs_starts_nothing_again():
+    c = core()
+    c.auto_run_steps = False
+    c.start("r", "approval")
+    resolve(c, "r/promise/1", "fast")  # the person answered before the step's outcome
+    assert c.names("r") == ["RunStarted", "PromiseCreated", "StepStarted", "PromiseCompleted"]
+    assert len(c.queued) == 1  # the step was not started a second time
+    c.run_step(c.queued.pop())
+    assert payload.loads(c.state("r").output) == "fast" and sent == ["r/promise/1"]
+    clean(c, "r")
