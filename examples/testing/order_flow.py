@@ -2,7 +2,8 @@
 
 Stock is reserved and the card charged (each undone if the order fails), a person
 approves within two days, the parcel ships, and after the 30-day return window the
-order is closed.
+order is closed. A refund waits for a manager's answer: a durable promise whose id is
+mailed to them.
 """
 
 from __future__ import annotations
@@ -58,3 +59,22 @@ async def order_flow(ctx: runstream.Context, order: Order) -> dict:
     await ctx.sleep("30d")  # the return window
     await ctx.step(close_order, order)
     return {"payment": payment, "tracking": tracking, "approved_by": approval["by"]}
+
+
+@app.step
+def ask_manager(order: Order, promise_id: str) -> None:
+    pass  # a real one would mail a link that resolves (or rejects) the promise
+
+
+@app.workflow
+async def refund(ctx: runstream.Context, order: Order) -> str:
+    answer = ctx.promise(timeout="7d")  # its id is recorded before the mail goes out
+    await ctx.step(ask_manager, order, answer.id)
+    try:
+        note = await answer
+    except runstream.PromiseRejected as exc:
+        return f"refused: {exc.message}"
+    except runstream.PromiseTimeout:
+        return "refused: no answer within a week"
+    await ctx.step(refund_card, order)
+    return f"refunded: {note}"

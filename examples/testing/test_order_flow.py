@@ -58,3 +58,23 @@ def test_no_approval_within_two_days_refunds_and_releases_the_stock():
         run.result()
     undone = [s.name for s in run.steps if s.compensation]
     assert undone == ["refund_card", "release_stock"]  # newest first
+
+
+def test_a_refund_waits_for_the_managers_answer():
+    t = WorkflowTester(app)
+    run = t.start("refund", ORDER, run_id="r-1")
+    (promise_id,) = run.promises  # the id the manager was mailed: "r-1/promise/1"
+    assert run.status == "running"
+
+    t.resolve(promise_id, "ok by bob")
+    assert run.result() == "refunded: ok by bob"
+
+    t.reject(promise_id, "too late")  # a promise completes once: this one is refused
+    assert t.dead_letters[-1].code == "promise-completed"
+
+
+def test_a_refund_nobody_answers_is_refused_after_a_week():
+    t = WorkflowTester(app)
+    run = t.start("refund", ORDER)
+    t.run_until_idle()  # the promise's 7-day timeout passes at once
+    assert run.result() == "refused: no answer within a week"

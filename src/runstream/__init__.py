@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from runstream.app import App
     from runstream.client import Client, RunInfo
-    from runstream.engine.replay import Context
+    from runstream.engine.replay import Context, Promise
     from runstream.engine.steps import StepContext
     from runstream.errors import (
         ChildFailed,
@@ -40,6 +40,8 @@ if TYPE_CHECKING:
         KafkaUnavailable,
         NonDeterminismError,
         PayloadTooLarge,
+        PromiseRejected,
+        PromiseTimeout,
         QueueFull,
         RunCancelled,
         RunFailed,
@@ -66,6 +68,7 @@ _ERRORS = (
     "DecodeError",
     "EventTimeout",
     "Failure",
+    "HistoryTooLarge",
     "InvalidInput",
     "KafkaFatal",
     "KafkaNotAuthorized",
@@ -73,7 +76,8 @@ _ERRORS = (
     "KafkaUnavailable",
     "NonDeterminismError",
     "PayloadTooLarge",
-    "HistoryTooLarge",
+    "PromiseRejected",
+    "PromiseTimeout",
     "QueueFull",
     "RunCancelled",
     "RunFailed",
@@ -94,6 +98,7 @@ _HOME = {
     "Client": "runstream.client",
     "RunInfo": "runstream.client",
     "Context": "runstream.engine.replay",
+    "Promise": "runstream.engine.replay",
     "Settings": "runstream.settings",
     "StepContext": "runstream.engine.steps",
     "Worker": "runstream.worker",
@@ -124,6 +129,9 @@ __all__ = [
     "KafkaUnavailable",
     "NonDeterminismError",
     "PayloadTooLarge",
+    "Promise",
+    "PromiseRejected",
+    "PromiseTimeout",
     "QueueFull",
     "RunCancelled",
     "RunFailed",

@@ -1,4 +1,4 @@
-"""`Client`: start, signal, cancel and ask about runs, over Kafka only.
+"""`Client`: start, signal, cancel, complete promises and ask about runs, over Kafka only.
 
 Commands go to ``<ns>.commands`` on the partition Kafka's murmur2 gives the run id,
 like any other producer. Answers come back on ``<ns>.replies``, keyed by the client's
@@ -50,6 +50,7 @@ from runstream.schemas.records import (
     TERMINAL,
     Cancel,
     Command,
+    CompletePromise,
     PublishEvent,
     Query,
     Retry,
@@ -59,6 +60,7 @@ from runstream.schemas.records import (
     Status,
     continuation_of,
     correlation_id,
+    promise_of,
     run_id_problem,
     schedule_id,
 )
@@ -243,6 +245,28 @@ class Client:
                 signal_id=signal_id or uuid.uuid4().hex,
                 sent_at_ms=_now_ms(),
             )
+        )
+
+    def resolve(self, promise_id: str, value: Any = None) -> None:
+        """Resolve a run's durable promise (`Context.promise`) with ``value``: the
+        workflow's ``await`` returns it. A promise completes once; a completion the engine
+        refuses (completed already, no such promise, the run ended) goes to ``<ns>.dlq``
+        with the reason."""
+        self._send(self._completion(promise_id, value=payload.dumps(value)))
+
+    def reject(self, promise_id: str, error: str) -> None:
+        """Reject a run's durable promise: the workflow's ``await`` raises
+        `PromiseRejected` with ``error``. Refused as `resolve` is."""
+        self._send(self._completion(promise_id, error=error))
+
+    def _completion(
+        self, promise_id: str, *, value: bytes | None = None, error: str | None = None
+    ) -> CompletePromise:
+        parsed = promise_of(promise_id)
+        if parsed is None:
+            raise ValueError(f"{promise_id!r} is not a promise id (<run_id>/promise/<seq>)")
+        return CompletePromise(
+            parsed[0], promise_id, value=value, error=error, sent_at_ms=_now_ms()
         )
 
     def cancel(

@@ -22,11 +22,13 @@ RunstreamError
  ├─ RunCancelled             client.result() of a cancelled run
  ├─ RunRejected              client.result() of a start the engine refused
  ├─ ChildFailed              in a parent workflow: its child did not complete
+ ├─ PromiseRejected          in a workflow: the promise it awaits was rejected
  └─ StepError                a step failed for good (raised inside workflow code)
      └─ TerminalStepError    raise it from a step: fail at once, no retry
 
 SignalTimeout(RunstreamError, TimeoutError)  wait_for_signal(timeout=...) expired
 EventTimeout(RunstreamError, TimeoutError)   wait_for_event(timeout=...) expired
+PromiseTimeout(RunstreamError, TimeoutError) ctx.promise(timeout=...) expired uncompleted
 StepTimeout(RunstreamError, TimeoutError)    a step attempt ran past its timeout
 """
 
@@ -211,6 +213,23 @@ class ChildFailed(RunstreamError):
     def __init__(self, child_run_id: str, status: str, error: str) -> None:
         super().__init__(f"child run {child_run_id!r} {status}: {error}")
         self.child_run_id, self.status, self.error = child_run_id, status, error
+
+
+class PromiseRejected(RunstreamError):
+    """The promise a workflow awaits was rejected (`Client.reject`); ``message`` is the
+    rejecter's."""
+
+    def __init__(self, promise_id: str, message: str) -> None:
+        super().__init__(f"promise {promise_id!r} was rejected: {message}")
+        self.promise_id, self.message = promise_id, message
+
+
+class PromiseTimeout(RunstreamError, TimeoutError):
+    """The promise a workflow awaits reached its ``timeout`` before anyone completed it."""
+
+    def __init__(self, promise_id: str, message: str) -> None:
+        super().__init__(message)
+        self.promise_id = promise_id
 
 
 class RunCancelled(RunstreamError):

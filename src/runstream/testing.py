@@ -5,6 +5,7 @@
     t = WorkflowTester(app, steps={"charge": fake_charge})   # fakes by step name or function
     run = t.start("checkout", {"amount": 10}, run_id="o-1")  # runs until it ends or waits
     t.signal("o-1", "approve", {"by": "ann"})
+    t.resolve(run.promises[0], {"ok": True})                 # a durable promise's id
     t.run_until_idle()            # jumps to each next timer: a 30-day sleep takes no time
     assert run.result() == {...}
 
@@ -52,8 +53,10 @@ from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
     Cancel,
     Command,
+    CompletePromise,
     DeadLetter,
     Fact,
+    PromiseCreated,
     PublishEvent,
     Reason,
     ScheduleCommand,
@@ -62,6 +65,7 @@ from runstream.schemas.records import (
     StepResult,
     StepTask,
     correlation_id,
+    promise_of,
     schedule_id,
 )
 from runstream.taskworker import _Served
@@ -157,6 +161,11 @@ class Run:
         return [f for f in self._tester.journal if f.run_id == self.run_id]
 
     @property
+    def promises(self) -> list[str]:
+        """The ids of the durable promises the run created (`Context.promise`), in order."""
+        return [f.promise_id for f in self.history if isinstance(f, PromiseCreated)]
+
+    @property
     def steps(self) -> list[StepAttempt]:
         """The step bodies run for this run, in order (retries and compensations too)."""
         return [s for s in self._tester.steps_run if s.run_id == self.run_id]
@@ -248,6 +257,26 @@ class WorkflowTester:
             signal_id = f"test-signal-{self._signal_ids}"
         self._send(Signal(run_id, name, payload=payload.dumps(value), signal_id=signal_id))
 
+    def resolve(self, promise_id: str, value: Any = None) -> None:
+        """Resolve a run's durable promise (see `Client.resolve`) and let the run go on.
+        A completion the engine refuses (completed already, unknown, the run ended) is a
+        dead letter in `dead_letters`, as on ``<ns>.dlq``. Raises RunNotFound."""
+        self._send(self._completion(promise_id, value=payload.dumps(value)))
+
+    def reject(self, promise_id: str, error: str) -> None:
+        """Reject a run's durable promise (see `Client.reject`): its await raises
+        `PromiseRejected`. Refused as `resolve` is."""
+        self._send(self._completion(promise_id, error=error))
+
+    @staticmethod
+    def _completion(
+        promise_id: str, *, value: bytes | None = None, error: str | None = None
+    ) -> CompletePromise:
+        parsed = promise_of(promise_id)
+        if parsed is None:
+            raise ValueError(f"{promise_id!r} is not a promise id (<run_id>/promise/<seq>)")
+        return CompletePromise(parsed[0], promise_id, value=value, error=error)
+
     def publish(
         self, name: str, value: Any = None, *, key: str = "", ttl: Duration = 0, event_id: str = ""
     ) -> str:
@@ -296,7 +325,7 @@ class WorkflowTester:
 
     def run_until_idle(self, max_timers: int = 100_000) -> None:
         """Let time run until no timer is left: every run has ended or waits for a
-        signal (or is parked). Raises EndlessTimers past ``max_timers`` timers."""
+        signal or a promise (or is parked). Raises EndlessTimers past ``max_timers`` timers."""
         for _ in range(max_timers):
             due = self._timers.next_due()
             if due is None:

@@ -71,6 +71,22 @@ def make_app(ns: str, bootstrap: str | None = None, **kw) -> runstream.App:
         return {"approved": True, "by": got}
 
     @app.step
+    def mail(run: str, promise_id: str) -> str:
+        _log(f"mail {run} {promise_id}")  # a real one would send the id to a person
+        return promise_id
+
+    @app.workflow
+    async def awaits_promise(ctx: runstream.Context, gate: bool | None = None) -> dict:
+        p = ctx.promise()
+        await ctx.step(mail, ctx.run_id, p.id)
+        if gate:  # a completion that comes before the await is kept for it
+            await ctx.wait_for_signal("go")
+        try:
+            return {"value": await p}
+        except runstream.PromiseRejected as exc:
+            return {"rejected": exc.message}
+
+    @app.step
     def reserve(order: Order) -> str:
         _log(f"reserve {order.id}")
         return f"r-{order.id}"

@@ -76,7 +76,7 @@ def codec() -> Codec:
 
 
 def test_every_shipped_file_is_a_documented_runstream_record() -> None:
-    assert len(SHIPPED) == 61
+    assert len(SHIPPED) == 64
     for filename, schema in ALL_FILES.items():
         assert filename.startswith(f"runstream.{schema['name']}.")
         assert schema["namespace"] == "runstream"
@@ -183,6 +183,7 @@ FIELDS = {
     "PermitRequested": [*_FACT, "seq", "limit", "attempt", "request_id"],
     "PermitReceived": [*_FACT, "seq", "limit", "attempt", "granted", "reason"],
     "Query": ["run_id", "request_id", "reply_to", "wait"],
+    "CompletePromise": ["run_id", "promise_id", "value", "error", "sent_at_ms"],
     "RunStarted": [
         *_FACT,
         "workflow",
@@ -218,6 +219,8 @@ FIELDS = {
     "SignalReceived": [*_FACT, "seq", "name", "payload", "signal_id"],
     "SignalTimedOut": [*_FACT, "seq", "name"],
     "ValueRecorded": [*_FACT, "seq", "name", "value"],
+    "PromiseCreated": [*_FACT, "seq", "promise_id", "timeout_at_ms"],
+    "PromiseCompleted": [*_FACT, "seq", "value", "error", "timed_out"],
     "StepHandedOver": [*_FACT, "seq", "name", "attempt", "ran"],
     "RunRecovered": [*_FACT, "seq", "recoveries"],
     "CompensationStarted": [*_FACT, "error", "traceback", "cancelled"],

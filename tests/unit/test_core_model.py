@@ -2,7 +2,8 @@
 `Decider`, with the shell, Kafka and threads played by `modeldriver.Shell`.
 
 Hypothesis drives starts, signals, events, cancels, retries, timer fires, local step
-outcomes, remote results and heartbeats (in order, late, duplicated), the commands runs
+outcomes, remote results and heartbeats (in order, late, duplicated), completions of
+durable promises (known and unknown, once or again), the commands runs
 send each other (delivered in order per partition, interleaved with the rest), and the
 faults: a restore of a partition by a new owner, a graceful handover, an aborted
 transaction redone, a command delivered twice, a cache miss. After every step, and at a
@@ -34,12 +35,20 @@ from runstream.audit import check_run
 from runstream.engine import payload
 from runstream.engine.reducer import fold
 from runstream.engine.state import LimitState, RunState
-from runstream.errors import TIMED_OUT, ChildFailed, EventTimeout, SignalTimeout
+from runstream.errors import (
+    TIMED_OUT,
+    ChildFailed,
+    EventTimeout,
+    PromiseRejected,
+    PromiseTimeout,
+    SignalTimeout,
+)
 from runstream.schemas.records import (
     TERMINAL,
     Cancel,
     ChildEnded,
     ChildStarted,
+    CompletePromise,
     EventAwaited,
     EventMatched,
     EventPublished,
@@ -47,6 +56,8 @@ from runstream.schemas.records import (
     EventSubscribed,
     Heartbeat,
     PermitRequested,
+    PromiseCompleted,
+    PromiseCreated,
     PublishEvent,
     Retry,
     RunFailed,
@@ -54,6 +65,7 @@ from runstream.schemas.records import (
     Signal,
     StartRun,
     correlation_id,
+    promise_id,
 )
 
 from .modeldriver import Delivered, Shell, describe, ended, without_beats
@@ -158,8 +170,25 @@ async def parent(ctx: Any, n: int) -> list[Any]:
     return out
 
 
+@app.workflow(timeout="60s")
+async def promised(ctx: Any, n: int) -> list[Any]:
+    """A durable promise whose id a step "sends" before it is awaited (twice), with a
+    timeout; a run timeout."""
+    p = ctx.promise(timeout="20s" if n % 2 else "90s")
+    await ctx.step(work, n)
+    got: list[Any] = []
+    for _ in range(2):
+        try:
+            got.append(await p)
+        except PromiseRejected as exc:
+            got.append(f"rejected: {exc.message}")
+        except PromiseTimeout:
+            got.append("timed out")
+    return got
+
+
 ENGINE_LOG = logging.getLogger("runstream.engine")
-WORKFLOWS = ("saga", "waiter", "chain", "keyed", "parent")
+WORKFLOWS = ("saga", "waiter", "chain", "keyed", "parent", "promised")
 HOW = hs.sampled_from(["ok", "retryable", "terminal"])
 INDEX = hs.integers(0, 1_000)
 
@@ -339,6 +368,31 @@ def _awaited_at(facts: list[Any]) -> dict[tuple[int, str], int]:
     return out
 
 
+def promise_problems(shell: Shell, runs: Iterable[str]) -> list[str]:
+    """A promise completes at most once, never before it was created; a completed run
+    gave each await of it that one outcome."""
+    out = []
+    for run_id in sorted(runs):
+        facts = shell.facts(run_id)
+        created = {f.seq for f in facts if isinstance(f, PromiseCreated)}
+        done = [f for f in facts if isinstance(f, PromiseCompleted)]
+        for f in done:
+            if f.seq not in created:
+                out.append(f"{run_id}: promise {f.seq} completed but never created")
+        if len({f.seq for f in done}) != len(done):
+            out.append(f"{run_id}: a promise completed twice: {done}")
+        st = shell.state(run_id)
+        if not (isinstance(st, RunState) and st.workflow == "promised" and st.output):
+            continue
+        if st.continued_as is None and done:
+            f = done[0]
+            one = "timed out" if f.timed_out else payload.loads(f.value)
+            one = f"rejected: {f.error}" if f.error is not None and not f.timed_out else one
+            if payload.loads(st.output) != [one, one]:
+                out.append(f"{run_id}: returned {payload.loads(st.output)}, its promise {one!r}")
+    return out
+
+
 def told(problems: list[str]) -> str:
     return "\n".join(problems)
 
@@ -354,6 +408,7 @@ class CoreModel(RuleBasedStateMachine):
         self.events = 0
         self.signals = 0
         self.retries = 0
+        self.completions: list[CompletePromise] = []
         # The model dead-letters many commands on purpose (cancels of unknown runs, late
         # results): keep the engine's warnings out of the captured log (errors stay).
         self._level = ENGINE_LOG.level
@@ -426,6 +481,27 @@ class CoreModel(RuleBasedStateMachine):
         self.retries += 1
         target = self._pick(self._known(), i)
         self.shell.send(Retry(target, "by the model", retry_id=f"t{self.retries}"))
+
+    @precondition(lambda self: self.started)
+    @rule(i=INDEX, reject=hs.booleans(), again=hs.booleans(), anyone=hs.booleans())
+    def complete_promise(self, i: int, reject: bool, again: bool, anyone: bool) -> None:
+        """A resolve or a reject of a run's promise, or one sent before, again: mostly
+        for a run that created one, else (``anyone``) for any run (seq 1 of another
+        workflow is no promise)."""
+        if again and self.completions:
+            self.shell.send(self._pick(self.completions, i))
+            return
+        promising = [
+            r
+            for r in self._known()
+            if any(isinstance(f, PromiseCreated) for f in self.shell.facts(r))
+        ]
+        target = self._pick(promising if promising and not anyone else self._known(), i)
+        n = len(self.completions)
+        value, error = (None, f"no {n}") if reject else (payload.dumps(n), None)
+        cmd = CompletePromise(target, promise_id(target, 1), value=value, error=error)
+        self.completions.append(cmd)
+        self.shell.send(cmd)
 
     # -- Kafka, step bodies, task workers, time --------------------------------------
     @precondition(lambda self: self.shell.pending())
@@ -570,6 +646,7 @@ class CoreModel(RuleBasedStateMachine):
         assert not (p := limit_problems(shell, runs)), told(p)
         assert not (p := holder_problems(shell)), told(p)
         assert not (p := retry_problems(shell, runs)), told(p)
+        assert not (p := promise_problems(shell, runs)), told(p)
 
     def teardown(self) -> None:
         # A step or an invariant failed: that is the report. (Hypothesis's own StopTest,

@@ -92,6 +92,15 @@ async def forever(ctx: runstream.Context, _: None) -> None:
         await ctx.sleep("1m")
 
 
+@app.workflow
+async def by_promise(ctx: runstream.Context, _: None) -> str:
+    p = ctx.promise()
+    try:
+        return await p
+    except runstream.PromiseRejected as exc:
+        return f"no: {exc.message}"
+
+
 def names(run) -> list[str]:
     return [type(f).__name__ for f in run.history]
 
@@ -259,6 +268,21 @@ def test_run_until_idle_stops_a_workflow_that_sleeps_forever():
     t.start("forever")
     with pytest.raises(EndlessTimers):
         t.run_until_idle(max_timers=50)
+
+
+def test_promises_are_resolved_or_rejected_from_the_test():
+    t = WorkflowTester(app)
+    yes, no = t.start("by_promise"), t.start("by_promise")
+    assert yes.promises == [f"{yes.run_id}/promise/1"] and yes.status == "running"
+    t.resolve(yes.promises[0], "yes")
+    t.reject(no.promises[0], "nope")
+    assert (yes.result(), no.result()) == ("yes", "no: nope")
+    t.resolve(yes.promises[0], "again")  # refused: a dead letter, as on <ns>.dlq
+    assert [d.code for d in t.dead_letters] == ["promise-completed"]
+    with pytest.raises(runstream.RunNotFound):
+        t.resolve("ghost/promise/1")
+    with pytest.raises(ValueError, match="is not a promise id"):
+        t.resolve("ghost")
 
 
 @pytest.mark.parametrize("name", sorted(n for n in vars(example) if n.startswith("test_")))

@@ -20,6 +20,8 @@ Per run (ARCHITECTURE.md section 7):
   and a child that could not start (ChildEnded ``rejected``), settle their seq at once;
 - a PermitReceived answers the run's PermitRequested of that seq, and a run waiting for
   a permit is suspended for it;
+- a PromiseCreated settles its seq; a PromiseCompleted completes an open promise of the
+  run, once, and a run with an open promise may be suspended for it;
 - a limit entity (``~limit/...``) never holds more permits than its concurrency, grants
   each request once, and takes back only permits it granted or requests it queued;
 - every dead run has a ``run-dead`` record on the dlq;
@@ -50,6 +52,8 @@ from runstream.schemas.records import (
     PermitReceived,
     PermitReleased,
     PermitRequested,
+    PromiseCompleted,
+    PromiseCreated,
     RetriedAsNew,
     RunParked,
     RunRecovered,
@@ -80,6 +84,7 @@ _WAITS = {
     "EventAwaited": "open event wait",
 }
 _PERMIT_WAIT = "waiting for a permit"
+_PROMISE_WAIT = "open promise"
 _WAIT_ORDER = (
     "step in flight",
     "retry scheduled",
@@ -88,6 +93,7 @@ _WAIT_ORDER = (
     "open event wait",
     "child running",
     _PERMIT_WAIT,
+    _PROMISE_WAIT,
 )
 # What a settling fact may settle, and which ones need it open.
 _OPENED_BY = {
@@ -95,6 +101,7 @@ _OPENED_BY = {
     "SignalTimedOut": ("SignalAwaited",),
     "SignalReceived": ("SignalAwaited",),
     "ValueRecorded": (),
+    "PromiseCreated": (),
     "EventReceived": ("EventAwaited",),
     "EventTimedOut": ("EventAwaited",),
 }
@@ -131,7 +138,8 @@ def settles(fact: Fact) -> bool:
         | ValueRecorded
         | ChildEnded
         | EventReceived
-        | EventTimedOut,
+        | EventTimedOut
+        | PromiseCreated,
     )
 
 
@@ -158,6 +166,7 @@ class RunCheck:
         "partition",
         "permits",
         "problems",
+        "promises",
         "recovering",
         "retried_as",
         "run_id",
@@ -191,6 +200,7 @@ class RunCheck:
         self.entity = run_id.startswith(ENTITY_PREFIX)  # ~event/...: not a run
         self.retried_as = False  # a RetriedAsNew was seen
         self.permits: dict[int, int] = {}  # seq -> position of its open PermitRequested
+        self.promises: set[int] = set()  # seqs of promises created and not completed
         # a limit entity: its concurrency, and the permits it holds out (holder, seq)
         self.limit: int | None = None
         self.held: set[tuple[str, int]] = set()
@@ -226,7 +236,7 @@ class RunCheck:
             if settles(fact) and seq is not None:
                 self._settled_twice(name, seq, pos)
             return
-        if self.parked and not isinstance(fact, RunParked | SignalBuffered):
+        if self.parked and not isinstance(fact, RunParked | SignalBuffered | PromiseCompleted):
             self.parked = False
         if seq is not None:
             self.seqs.add(seq)
@@ -242,9 +252,12 @@ class RunCheck:
                 | ValueRecorded()
                 | EventReceived()
                 | EventTimedOut()
+                | PromiseCreated()
             ):
                 if self._settled_twice(name, fact.seq, pos):
                     return
+                if isinstance(fact, PromiseCreated):
+                    self.promises.add(fact.seq)
                 prev = self.open.pop(fact.seq, None)
                 need = _OPENED_BY[name]
                 if prev is not None and prev[0] not in need:
@@ -254,6 +267,10 @@ class RunCheck:
                 self.settled[fact.seq] = (name, pos)
             case ChildStarted() | ChildEnded():
                 self._child(fact, pos)
+            case PromiseCompleted():
+                if fact.seq not in self.promises:
+                    self._bad(f"PromiseCompleted seq {fact.seq} completes no open promise", pos)
+                self.promises.discard(fact.seq)
             case TimerScheduled() | SignalAwaited() | EventAwaited():
                 if fact.seq in self.settled or fact.seq in self.open:
                     at = (self.settled.get(fact.seq) or self.open[fact.seq])[-1]
@@ -425,6 +442,7 @@ class RunCheck:
             self.recovering.clear()
             self.permits.clear()  # its end withdrew its requests (a retry asks again)
             if self.status not in ("failed", "dead"):  # those may be retried
+                self.promises.clear()
                 self.seqs.clear()
                 self.completed.clear()
                 self.failed_attempt.clear()
@@ -438,6 +456,8 @@ class RunCheck:
         kinds = {_WAITS[kind] for kind, _, _ in self.open.values()}
         if self.permits:
             kinds.add(_PERMIT_WAIT)
+        if self.promises:
+            kinds.add(_PROMISE_WAIT)
         return next((w for w in _WAIT_ORDER if w in kinds), None)
 
     def finish(self, expect_finished: bool = False) -> str:

@@ -22,6 +22,7 @@ from runstream.cli import options
 from runstream.cli.audit_cmd import audit
 from runstream.cli.dlq_cmd import dlq
 from runstream.cli.kafka_cmd import kafka
+from runstream.cli.promise_cmd import promise
 from runstream.cli.replay_cmd import replay_cmd
 from runstream.cli.runs_cmd import runs, versions
 from runstream.cli.runs_ops import cancel_where, resume, retry
@@ -76,6 +77,7 @@ cli.add_command(replay_cmd)
 cli.add_command(dlq)
 cli.add_command(schedules)
 cli.add_command(tasks)
+cli.add_command(promise)
 tasks.add_command(tasks_status)
 
 

@@ -42,6 +42,8 @@ from runstream.schemas.records import (
     PermitReceived,
     PermitReleased,
     PermitRequested,
+    PromiseCompleted,
+    PromiseCreated,
     RetriedAsNew,
     RunCancelled,
     RunCompleted,
@@ -106,7 +108,9 @@ _PAYLOAD_FIELDS: dict[type, tuple[str, ...]] = {}
 
 def _run(state: RunState, fact: Fact) -> None:
     state.history_bytes += payload_bytes(fact)
-    if state.status is Status.PARKED and not isinstance(fact, RunParked | SignalBuffered):
+    if state.status is Status.PARKED and not isinstance(
+        fact, RunParked | SignalBuffered | PromiseCompleted
+    ):
         state.status, state.reason = Status.RUNNING, None  # the run made progress again
     match fact:
         case StepStarted() | StepHandedOver() | TimerScheduled() | SignalAwaited() | EventAwaited():
@@ -182,6 +186,12 @@ def _run(state: RunState, fact: Fact) -> None:
                 state.retry_ids.add(fact.retry_id)
         case RetriedAsNew():
             state.retried_as = fact.new_run_id
+        case PromiseCreated():  # settled: a replay gets the same promise
+            _settle(state, fact)
+            state.promises[fact.seq] = fact
+        case PromiseCompleted():  # its one outcome, kept for the awaits (not a settle)
+            state.resolved[fact.seq] = fact
+            state.promises.pop(fact.seq, None)
         case _:
             raise UnknownFactError(type(fact).__name__)
 
@@ -255,7 +265,8 @@ def _settle(
     | ChildStarted
     | ChildEnded
     | EventReceived
-    | EventTimedOut,
+    | EventTimedOut
+    | PromiseCreated,
 ) -> None:
     state.pending.pop(fact.seq, None)
     state.beats.pop(fact.seq, None)

@@ -33,6 +33,8 @@ from runstream.errors import (
     ChildFailed,
     EventTimeout,
     NonDeterminismError,
+    PromiseRejected,
+    PromiseTimeout,
     SignalTimeout,
     StepError,
 )
@@ -44,6 +46,8 @@ from runstream.schemas.records import (
     EventTimedOut,
     PermitReceived,
     PermitRequested,
+    PromiseCompleted,
+    PromiseCreated,
     SeqFact,
     SignalAwaited,
     SignalReceived,
@@ -55,6 +59,7 @@ from runstream.schemas.records import (
     TimerFired,
     TimerScheduled,
     ValueRecorded,
+    promise_id,
 )
 
 
@@ -99,7 +104,12 @@ class EventWait:
     timeout: float | None
 
 
-Request = StepCall | SleepCall | SignalWait | ChildCall | EventWait
+@dataclass(frozen=True, slots=True)
+class PromiseWait:
+    seq: int  # the promise's: its completion (or its timeout) settles the wait
+
+
+Request = StepCall | SleepCall | SignalWait | ChildCall | EventWait | PromiseWait
 
 #: What happens to a child if its parent ends first (`Context.start_child`).
 PARENT_CLOSE = ("request_cancel", "terminate", "abandon")
@@ -156,10 +166,14 @@ class Compensation:
     args: tuple[Any, ...]
 
 
+#: Facts the workflow code records as it runs (no wait needed): values, promises' ids.
+Recorded = ValueRecorded | PromiseCreated
+
+
 @dataclass(slots=True)
 class Replay:
     outcome: Outcome
-    new_facts: list[ValueRecorded] = field(default_factory=list)  # ctx.now/uuid/random
+    new_facts: list[Recorded] = field(default_factory=list)  # ctx.now/uuid/random/promise
     compensations: list[Compensation] = field(default_factory=list)
 
 
@@ -201,6 +215,8 @@ def _op(fact: SeqFact) -> str:
             return f"event {fact.name}"
         case PermitRequested() | PermitReceived():
             return "step"  # waits for a permit of its queue: a step, its name not recorded
+        case PromiseCreated() | PromiseCompleted():
+            return "promise"
     raise TypeError(type(fact).__name__)  # pragma: no cover - SeqFact is closed
 
 
@@ -217,6 +233,25 @@ def requested_op(request: Request) -> str:
             return f"child {request.workflow}"
         case EventWait():
             return f"event {request.name}"
+        case PromiseWait():
+            return "promise"
+
+
+class Promise:
+    """A durable promise (`Context.promise`), named by ``id``: ``await promise`` gives
+    the value it was resolved with, or raises `PromiseRejected` or `PromiseTimeout`.
+    Awaiting it again gives the same outcome."""
+
+    __slots__ = ("_ctx", "id", "seq")
+
+    def __init__(self, ctx: Context, seq: int, pid: str) -> None:
+        self._ctx, self.seq, self.id = ctx, seq, pid
+
+    def __repr__(self) -> str:
+        return f"<Promise {self.id!r}>"
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._ctx._outcome(self).__await__()
 
 
 class Context:
@@ -235,7 +270,7 @@ class Context:
         self._registry = registry
         self._now_ms = now_ms
         self._seq = 0
-        self._new: list[ValueRecorded] = []
+        self._new: list[Recorded] = []
         self._compensations: list[Compensation] = []
 
     # -- durable operations ------------------------------------------------------
@@ -364,6 +399,40 @@ class Context:
         seq = self._next()
         child_id = run_id or f"{self.run_id}/{seq}"
         return ChildCall(seq, name, payload.dumps(input), child_id, awaited, parent_close)
+
+    def promise(self, timeout: float | str | None = None) -> Promise:
+        """A durable promise. Its ``id``, ``<run_id>/promise/<seq>``, is recorded in the
+        decision that goes on to the code after this call, so a step that sends the id
+        counts only once the id is on the journal (and a replay gives the same id).
+        Anyone completes it, once: `Client.resolve` / `Client.reject`, ``runstream
+        promise resolve|reject``, or a plain `CompletePromise` record; a completion that
+        comes before the workflow awaits it is kept. ``timeout`` (from now) completes it
+        as timed out if nobody did by then: its await raises `PromiseTimeout`, and a
+        later completion is refused."""
+        secs = None if timeout is None else seconds(timeout)
+        seq = self._next()
+        pid = promise_id(self.run_id, seq)
+        if self._recorded(seq, "promise") is None:
+            due = None if secs is None else self._now_ms + int(secs * 1000)
+            self._new.append(
+                PromiseCreated(
+                    self.run_id, self._now_ms, seq=seq, promise_id=pid, timeout_at_ms=due
+                )
+            )
+        return Promise(self, seq, pid)
+
+    async def _outcome(self, promise: Promise) -> Any:
+        """What awaiting ``promise`` gives: its outcome once recorded (no seq of its own:
+        the promise's completion, or its timeout, is the one fact that settles it)."""
+        fact = self._recorded(promise.seq, "promise")
+        while not isinstance(fact, PromiseCompleted):
+            await _Suspend(PromiseWait(promise.seq))
+            fact = self._recorded(promise.seq, "promise")
+        if fact.timed_out:
+            raise PromiseTimeout(promise.id, fact.error or f"promise {promise.id!r} timed out")
+        if fact.error is not None:
+            raise PromiseRejected(promise.id, fact.error)
+        return payload.loads(fact.value or b"null")
 
     def now(self) -> datetime:
         """The time, recorded on first execution so replays see the same value."""

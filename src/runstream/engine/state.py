@@ -20,6 +20,7 @@ from runstream.schemas.records import (
     PermitGranted,
     PermitQueued,
     PermitRequested,
+    PromiseCreated,
     ScheduleSet,
     SeqFact,
     SignalAwaited,
@@ -70,7 +71,9 @@ class RunState:
     a final StepFailed, TimerFired, SignalReceived, SignalTimedOut, ValueRecorded);
     ``pending`` maps it to the fact of an operation still open (StepStarted, a
     StepFailed awaiting its retry, a StepHandedOver awaiting its restart, TimerScheduled,
-    SignalAwaited).
+    SignalAwaited). A promise's seq is resolved by its PromiseCreated, then by its
+    PromiseCompleted; ``promises`` are those not completed yet (kept past the run's end:
+    a retried run awaits them again).
     """
 
     run_id: str
@@ -92,6 +95,7 @@ class RunState:
     retry_ids: set[str] = field(default_factory=set)  # every retry id recorded: dedupe
     # A run's permits, requested or held, by seq -> its request (the limit, the request id).
     permits: dict[int, PermitRequested] = field(default_factory=dict)
+    promises: dict[int, PromiseCreated] = field(default_factory=dict)  # open, by seq
     # Remote attempts' latest heartbeats, by seq. Not facts (there are too many): the
     # projection keeps them beside the facts, and a new owner starts them afresh.
     beats: dict[int, Beat] = field(default_factory=dict)
@@ -131,14 +135,19 @@ class RunState:
             retry_ids=set(self.retry_ids),
             beats=dict(self.beats),
             permits=dict(self.permits),
+            promises=dict(self.promises),
         )
 
     def timers(self) -> set[tuple[int, int]]:
-        """(due_ms, seq) of every open operation that waits for a time, and the run's
-        own execution timeout (`DEADLINE_SEQ`)."""
+        """(due_ms, seq) of every open operation that waits for a time (an open
+        promise's timeout too), and the run's own execution timeout (`DEADLINE_SEQ`)."""
         out = set()
         if self.deadline_ms is not None and not self.terminal:
             out.add((self.deadline_ms, DEADLINE_SEQ))
+        if not self.terminal:
+            for seq, created in self.promises.items():
+                if created.timeout_at_ms is not None:
+                    out.add((created.timeout_at_ms, seq))
         for seq, fact in self.pending.items():
             match fact:
                 case TimerScheduled(due_ms=due):

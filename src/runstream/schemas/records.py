@@ -73,6 +73,9 @@ class Reason(StrEnum):
     NOT_RETRYABLE = "not-retryable"
     UNENCODABLE = "unencodable"
     INTERNAL = "internal-error"
+    UNKNOWN_PROMISE = "unknown-promise"  # no such promise in the run (or not a promise id)
+    PROMISE_COMPLETED = "promise-completed"  # resolved, rejected or timed out already
+    RUN_ENDED = "run-ended"  # its promise can no longer be completed
 
 
 #: A run id is 1 to this many bytes of UTF-8.
@@ -178,6 +181,25 @@ def id_kind(run_id: str) -> IdKind:
             if run_id.startswith(prefix):
                 return kind
     return IdKind.RUN
+
+
+#: A promise's id is its run's id, this, and its sequence number (`promise_id`).
+PROMISE_INFIX = "/promise/"
+
+
+def promise_id(run_id: str, seq: int) -> str:
+    """The id of the promise the run ``run_id`` created at ``seq`` (`Context.promise`):
+    it carries the run's id, so a completion goes to the run's partition."""
+    return f"{run_id}{PROMISE_INFIX}{seq}"
+
+
+def promise_of(pid: str) -> tuple[str, int] | None:
+    """(run id, seq) of a promise id, or None if ``pid`` is not one. Read from the
+    right: a run id may hold ``/promise/`` itself, the seq is digits only."""
+    run_id, infix, seq = pid.rpartition(PROMISE_INFIX)
+    if not (run_id and infix and seq.isdigit() and seq[0] != "0"):
+        return None
+    return run_id, int(seq)
 
 
 def continuation_of(run_id: str) -> str:
@@ -389,6 +411,16 @@ class Release(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class CompletePromise(Record):
+    run_id: str  # the promise's run (`promise_of`)
+    promise_id: str
+    _: KW_ONLY
+    value: bytes | None = None  # resolved with this JSON
+    error: str | None = None  # rejected with this message (the value is ignored)
+    sent_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Query(Record):
     run_id: str
     request_id: str
@@ -413,6 +445,7 @@ Command = (
     | Grant
     | Release
     | Query
+    | CompletePromise
 )
 COMMANDS: tuple[type[Record], ...] = Command.__args__
 
@@ -556,6 +589,31 @@ class ValueRecorded(Record):
     seq: int
     name: str
     value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PromiseCreated(Record):
+    run_id: str
+    at_ms: int
+    _: KW_ONLY
+    seq: int
+    promise_id: str
+    timeout_at_ms: int | None = None  # then it times out, unless completed before
+
+
+@dataclass(frozen=True, slots=True)
+class PromiseCompleted(Record):
+    run_id: str
+    at_ms: int
+    _: KW_ONLY
+    seq: int  # the promise's (its PromiseCreated's)
+    value: bytes | None = None  # resolved: JSON
+    error: str | None = None  # rejected (or timed out): why
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -899,6 +957,8 @@ Fact = (
     | RunDead
     | RunRetried
     | RetriedAsNew
+    | PromiseCreated
+    | PromiseCompleted
 )
 FACTS: tuple[type[Record], ...] = Fact.__args__
 END_FACTS = {
@@ -927,6 +987,8 @@ SeqFact = (
     | EventTimedOut
     | PermitRequested
     | PermitReceived
+    | PromiseCreated
+    | PromiseCompleted
 )
 
 

@@ -15,6 +15,7 @@ turns that into a dead letter. No I/O, and workflow code runs only through `repl
 - `timers`: due times                 - `children`: child runs
 - `events`: named events              - `limits`: permits
 - `schedules`: schedules              - `retry`, `cancel`
+- `promises`: durable promises
 - `core`: the loop they all end in (advance, follow, compensate, park, emit)
 
 Who may import it: `engine.decide` (and tests); it imports only from `engine` and
@@ -32,6 +33,7 @@ from runstream.engine.rules import (
     children,
     events,
     limits,
+    promises,
     remote,
     retry,
     runs,
@@ -53,6 +55,7 @@ from runstream.schemas.records import (
     Acquire,
     Cancel,
     ChildResult,
+    CompletePromise,
     DeliverEvent,
     Grant,
     Heartbeat,
@@ -93,6 +96,7 @@ HANDLERS: dict[type[object], Entry] = {
     ChildResult: Entry(RunState, children.child_result),
     DeliverEvent: Entry(RunState, events.deliver_event),
     Grant: Entry(RunState, limits.grant),
+    CompletePromise: Entry(RunState, promises.complete),
     Query: Entry(None, runs.query),  # any id: an entity's is a run not found
     # an entity's commands
     PublishEvent: Entry(EventEntityState, events.publish),

@@ -5,7 +5,7 @@ the run times out. The kind of state says which, not the seq."""
 
 from __future__ import annotations
 
-from runstream.engine.rules import core, events, limits, remote, schedules
+from runstream.engine.rules import core, events, limits, promises, remote, schedules
 from runstream.engine.rules.context import Rules
 from runstream.engine.state import (
     DEADLINE_SEQ,
@@ -48,12 +48,19 @@ def timer_due(ctx: Rules, b: Batch, st: State, work: TimerDue) -> None:
 
 
 def _run_timer(ctx: Rules, b: Batch, st: RunState, seq: int) -> None:
-    """Fire the timer, retry the step, time the wait out, or (seq 0) time the run out."""
+    """Fire the timer, retry the step, time the wait or the promise out, or (seq 0)
+    time the run out."""
     if seq == DEADLINE_SEQ:
         _time_out(ctx, b, st)
         return
+    if st.status is Status.PARKED:
+        return
+    created = st.promises.get(seq)
+    if created is not None:
+        promises.time_out(ctx, b, st, created)
+        return
     fact = st.pending.get(seq)
-    if fact is None or st.status is Status.PARKED:
+    if fact is None:
         return
     match fact:
         case TimerScheduled(due_ms=due) if due <= b.now:
