@@ -126,32 +126,47 @@ def test_after_a_recreation_a_commit_that_landed_is_known_as_such(
         log.close()
 
 
-class TimesOutOnce:
-    """The log's real consumer, whose next ``committed`` times out once, as it does
-    when the group's coordinator was paused (seen in the chaos suite)."""
+class FailsOnce:
+    """The log's real consumer, whose next ``committed`` and ``get_watermark_offsets``
+    fail once with ``code``, as they do while a coordinator or a leader moves (a broker
+    paused: seen in the chaos suite)."""
 
-    def __init__(self, consumer: object) -> None:
-        self._consumer, self.failed = consumer, False
+    def __init__(self, consumer: object, code: int) -> None:
+        self._consumer, self.code, self.failed = consumer, code, set[str]()
+
+    def _once(self, what: str) -> None:
+        if what not in self.failed:
+            self.failed.add(what)
+            raise KafkaException(KafkaError(self.code, f"Failed: {what}"))
 
     def committed(self, *args: object, **kw: object) -> object:
-        if not self.failed:
-            self.failed = True
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get committed"))
+        self._once("committed")
         return self._consumer.committed(*args, **kw)  # type: ignore[attr-defined]
+
+    def get_watermark_offsets(self, *args: object, **kw: object) -> object:
+        self._once("get_watermark_offsets")
+        return self._consumer.get_watermark_offsets(*args, **kw)  # type: ignore[attr-defined]
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._consumer, name)
 
 
-def test_reading_the_committed_offsets_asks_again_after_a_timeout(kafka_bootstrap, ns):
-    """A rewind (after an aborted transaction) reads the group's committed offsets; a
-    timeout there asked nothing again and ended the instance with a traceback."""
+@pytest.mark.parametrize(
+    "code",
+    [KafkaError._TIMED_OUT, KafkaError.NOT_COORDINATOR, KafkaError.NOT_LEADER_FOR_PARTITION],
+    ids=["timed-out", "not-coordinator", "not-leader"],
+)
+def test_reading_offsets_asks_again_while_a_coordinator_or_leader_moves(kafka_bootstrap, ns, code):
+    """A rewind (after an aborted transaction) reads the group's committed offsets, and
+    a restore the partitions' ends; an error while a broker is away asked nothing again
+    and ended the instance with a traceback."""
     log = started_log(kafka_bootstrap, ns)
     try:
         assert poll_commands(log) == [0, 1, 2]
-        log._consumer = TimesOutOnce(log._consumer)  # type: ignore[assignment]
+        log._consumer = FailsOnce(log._consumer, code)  # type: ignore[assignment]
         log._rewind()
-        assert log._consumer.failed  # type: ignore[attr-defined]
+        assert log.end_offsets([0]) == {0: 3}
+        assert log._consumer.failed == {"committed", "get_watermark_offsets"}  # type: ignore[attr-defined]
         assert poll_commands(log) == [0, 1, 2]  # rewound to the group's offset: nothing taken
     finally:
         log.close()

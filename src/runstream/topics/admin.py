@@ -108,15 +108,36 @@ def unavailable(config: Config, what: str, exc: KafkaException) -> KafkaUnavaila
     )
 
 
+#: Errors of a question while a broker is away or a coordinator or leader moves: asking
+#: again soon gets an answer.
+TRANSIENT = frozenset(
+    {
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TIMED_OUT_QUEUE,
+        KafkaError._WAIT_COORD,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNSTABLE_OFFSET_COMMIT,
+    }
+)
+
+
+def transient(err: object) -> bool:
+    return isinstance(err, KafkaError) and (err.retriable() or err.code() in TRANSIENT)
+
+
 def refused(config: Config, what: str, exc: KafkaException) -> KafkaUnavailable | TopicError:
-    """The error for a question Kafka did not answer: `KafkaUnavailable` when no broker
-    answered in time (worth asking again), else `TopicError` (an ACL, a missing topic)."""
+    """The error for a question Kafka did not answer: `KafkaUnavailable` when it may
+    answer if asked again (`transient`), else `TopicError` (an ACL, a missing topic)."""
     err = exc.args[0]
-    if isinstance(err, KafkaError) and (
-        err.retriable()
-        or err.code()
-        in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._TIMED_OUT)
-    ):
+    if transient(err):
         return unavailable(config, what, exc)
     return TopicError(f"{what}: {err}")
 

@@ -19,7 +19,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -53,6 +53,7 @@ from runstream.topics.admin import (
     max_record_bytes,
     partition_count,
     refused,
+    transient,
     wait_for_cluster,
 )
 from runstream.topics.base import Ownership
@@ -60,6 +61,8 @@ from runstream.topics.logs import last_error
 from runstream.topics.spec import Topics
 from runstream.topics.txn import Action, Transactions, classify, evidence
 from runstream.topics.watchdog import Watchdog
+
+T = TypeVar("T")
 
 log = logging.getLogger("runstream.kafka")
 
@@ -351,22 +354,30 @@ class KafkaLog(Transactions):
     def committed(self, partitions: Iterable[int]) -> dict[int, int]:
         """The next command offset of each partition (its first offset if none)."""
         # Waits while another instance's transaction holds offsets of these partitions
-        # (KIP-447): only then is the journal's end final. A request that timed out (its
-        # coordinator paused or moved) is asked again; past the deadline the instance
-        # ends with KafkaUnavailable and starts again.
+        # (KIP-447): only then is the journal's end final.
+        out = self._asking(
+            "committed",
+            "reading the group's committed offsets",
+            lambda: self._committed(partitions),
+        )
+        self._acked.update(out)
+        return out
+
+    def _asking(self, call: str, what: str, ask: Callable[[], T]) -> T:
+        """``ask()``, asked again while Kafka's answer is `transient` (a broker paused, a
+        coordinator or a leader moving); past a minute the instance ends with
+        KafkaUnavailable, and its supervisor starts it again."""
         deadline = time.monotonic() + 60
-        with self.watchdog.watch("committed", 75):
+        with self.watchdog.watch(call, 75):
             while True:
                 try:
-                    out = self._committed(partitions)
-                    break
+                    return ask()
                 except KafkaException as exc:
-                    err = refused(self._config, "reading the group's committed offsets", exc)
+                    err = refused(self._config, what, exc)
                     if not isinstance(err, KafkaUnavailable) or time.monotonic() > deadline:
                         raise err from None
                     log.warning("%s; asking again", err)
-        self._acked.update(out)
-        return out
+                    time.sleep(0.2)
 
     def _committed(self, partitions: Iterable[int]) -> dict[int, int]:
         out = {}
@@ -378,11 +389,13 @@ class KafkaLog(Transactions):
         return out
 
     def end_offsets(self, partitions: Iterable[int]) -> dict[int, int]:
-        with self.watchdog.watch("get_watermark_offsets", 45):
+        def ask() -> dict[int, int]:
             return {
-                tp.partition: int(self._consumer.get_watermark_offsets(tp, timeout=30)[1])
+                tp.partition: int(self._consumer.get_watermark_offsets(tp, timeout=15)[1])
                 for tp in self._tps(partitions)
             }
+
+        return self._asking("get_watermark_offsets", "reading the commands' end offsets", ask)
 
     def read_journal(
         self, start: Mapping[int, int], stopping: Callable[[], bool]
@@ -399,8 +412,11 @@ class KafkaLog(Transactions):
         """
         journal = self.topics.journal
         tps = [TopicPartition(journal, p, o) for p, o in start.items()]
-        with self.watchdog.watch("list_offsets", 45):
-            ends = self._high_watermarks(journal, list(start))
+        ends = self._asking(
+            "list_offsets",
+            "reading the journal's end offsets",
+            lambda: self._high_watermarks(journal, list(start)),
+        )
         self._restorer.assign(tps)
         try:
             open_partitions = {p for p, o in start.items() if o < ends[p]}
@@ -414,6 +430,8 @@ class KafkaLog(Transactions):
                     elif err.code() == KafkaError._PARTITION_EOF:
                         if (msg.offset() or 0) >= ends[p]:  # past markers and aborted data
                             open_partitions.discard(p)
+                    elif transient(err):  # a leader moving: the consumer fetches again
+                        log.warning("reading %s: %s", journal, err)
                     else:
                         raise KafkaFatal(f"reading {journal}: {err}")
         finally:
