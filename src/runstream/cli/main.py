@@ -29,6 +29,7 @@ from runstream.cli.schedules_cmd import schedules
 from runstream.cli.tasks_cmd import tasks
 from runstream.cli.tasks_status import status as tasks_status
 from runstream.cli.topics_cmd import topics
+from runstream.cli.ui_cmd import ui
 from runstream.errors import KafkaFatal, RunstreamError
 from runstream.instance import read_health
 from runstream.supervisor import EXIT_CANNOT_LOAD
@@ -76,6 +77,7 @@ cli.add_command(dlq)
 cli.add_command(schedules)
 cli.add_command(tasks)
 tasks.add_command(tasks_status)
+cli.add_command(ui)
 
 
 @cli.command()

@@ -1,0 +1,103 @@
+"""The ``runstream ui`` command: the web app of `runstream.ui.server` over the runs read
+model and the journal reader of `runs_cmd` (the same model directory as `runstream runs`)."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from runstream.cli import options
+from runstream.cli.options import namespace
+from runstream.cli.runs_cmd import _journal, cache, model_path
+from runstream.settings import Settings
+
+if TYPE_CHECKING:
+    from runstream.ui.server import Dashboard
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine (127.0.0.0/8, ::1, localhost)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        try:
+            return all(
+                ipaddress.ip_address(a[4][0]).is_loopback for a in socket.getaddrinfo(host, None)
+            )
+        except (OSError, ValueError):
+            return False
+
+
+@click.command("ui")
+@namespace
+@options.bootstrap
+@click.option("--port", type=click.IntRange(0, 65535), default=8233, show_default=True)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on. Beyond loopback, actions need --token.",
+)
+@click.option(
+    "--token",
+    envvar="RUNSTREAM_UI_TOKEN",
+    default=None,
+    help="Secret that actions (cancel, retry, signal, bulk cancel) must carry, as "
+    "the X-Runstream-Token header or the page's token field "
+    "(default: $RUNSTREAM_UI_TOKEN). Bound beyond 127.0.0.1 without it, the "
+    "dashboard only reads.",
+)
+@cache
+def ui(
+    namespace: str,
+    bootstrap: str | None,
+    port: int,
+    host: str,
+    token: str | None,
+    cache_dir: Path | None,
+) -> None:
+    """Serve a web dashboard of NAMESPACE's runs: the list with filters, each run's
+    history, timeline and waits, and actions (needs the `ui` extra)."""
+    try:
+        import uvicorn
+
+        from runstream.ui.server import create_app
+    except ImportError as exc:
+        raise click.ClickException(
+            f"runstream ui needs the ui extra: pip install 'runstream[ui]' ({exc})"
+        ) from None
+    loopback = is_loopback(host)
+    dash = dashboard(namespace, bootstrap, cache_dir, token=token, loopback=loopback)
+    try:
+        click.echo(f"catching up with {namespace}.lifecycle ...", err=True)
+        dash.start()
+        if not loopback and token is None:
+            click.echo("warning: bound beyond loopback without --token: actions are off", err=True)
+        click.echo(f"Runstream dashboard of {namespace}: http://{host}:{port}/runs", err=True)
+        uvicorn.run(
+            create_app(dash), host=host, port=port, log_level="warning", timeout_graceful_shutdown=2
+        )
+    finally:
+        dash.close()
+
+
+def dashboard(
+    namespace: str,
+    bootstrap: str | None = None,
+    cache_dir: Path | None = None,
+    *,
+    token: str | None = None,
+    loopback: bool = True,
+) -> Dashboard:
+    """A dashboard of ``namespace`` (not started) on the runs model `runstream runs` keeps."""
+    from runstream.ui.server import Dashboard
+
+    settings = Settings().with_bootstrap(bootstrap)
+    path = model_path(cache_dir, settings.bootstrap(), namespace)
+    journal = partial(_journal, ns=namespace, settings=settings, path=path)
+    return Dashboard(namespace, settings, path, journal, cache_dir, token=token, loopback=loopback)

@@ -1,0 +1,53 @@
+"""Screenshots of the dashboard's main pages, for the README.
+
+    python -m runstream.ui.screenshots http://127.0.0.1:8233 RUN_ID [--out docs/screenshots]
+
+takes the runs list, RUN_ID's page (timeline, history) and the versions page with
+Debian's Chromium (``/usr/bin/chromium``) driven by Playwright (the ``test`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from urllib.parse import quote
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def take(base_url: str, run_id: str, out: Path, chromium: str = CHROMIUM) -> list[Path]:
+    """Save ``runs.png``, ``run.png`` and ``versions.png`` in ``out``; their paths."""
+    from playwright.sync_api import sync_playwright
+
+    out.mkdir(parents=True, exist_ok=True)
+    pages = {
+        "runs.png": "/runs",
+        "run.png": f"/runs/{quote(run_id, safe='')}",
+        "versions.png": "/versions",
+    }
+    saved = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            for name, path in pages.items():
+                page.goto(base_url.rstrip("/") + path)
+                page.screenshot(path=out / name, full_page=True)
+                saved.append(out / name)
+        finally:
+            browser.close()
+    return saved
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("url", help="the dashboard, e.g. http://127.0.0.1:8233")
+    parser.add_argument("run_id", help="the run whose page to take")
+    parser.add_argument("--out", type=Path, default=Path("docs/screenshots"))
+    args = parser.parse_args()
+    for path in take(args.url, args.run_id, args.out):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
