@@ -7,6 +7,7 @@ Skipped only where /usr/bin/chromium is missing (`scripts/setup` installs it).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -40,6 +41,9 @@ pytestmark = [
 ]
 
 
+XSS = '<img src=x onerror="document.title=1">'
+
+
 @dataclass
 class Site:
     url: str
@@ -66,8 +70,9 @@ class _Server:
     """The dashboard's app under uvicorn, on a thread of the test process."""
 
     def __init__(self, app: Any, port: int) -> None:
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                timeout_graceful_shutdown=1)  # fmt: skip
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
@@ -91,10 +96,15 @@ def site(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         client.start("parent", 2, run_id="family")
         client.start("checkout", {"id": 7, "amount": -1}, run_id="declined")
         client.start("sleepy", 3600, run_id="sleeper")
+        client.start("three_steps", "not a number", run_id="bad-input")  # a dead letter
+        client.start("three_steps", 2, run_id="odd", tags={"note": XSS})
         for run_id in ("wait-cancel", "wait-signal", "bulk-1", "bulk-2", "bulk-3"):
             tags = {"batch": "b"} if run_id.startswith("bulk") else {}
             client.start("approval", None, run_id=run_id, tags=tags)
         assert client.result("done-1", timeout=60) == 4
+        assert client.result("odd", timeout=60) == 5
+        with pytest.raises(runstream.RunRejected):
+            client.result("bad-input", timeout=60)
         assert len(client.result("family", timeout=60)) == 2
         with pytest.raises(runstream.RunFailed):
             client.result("declined", timeout=60)
@@ -252,10 +262,35 @@ def test_live_list_shows_new_runs_and_pauses(site: Site) -> None:
 def test_actions_without_the_token_are_refused(site: Site) -> None:
     page = site.page()
     page.goto(f"{site.url}/runs/sleeper")
-    answer = page.request.post(f"{site.url}/action", form={"run_id": "sleeper",
-                                                           "action": "cancel"})  # fmt: skip
+    answer = page.request.post(f"{site.url}/action", form={"run_id": "sleeper", "action": "cancel"})
     assert answer.status == 403
-    answer = page.request.post(f"{site.url}/action", form={"run_id": "sleeper",
-                               "action": "cancel", "token": "wrong"})  # fmt: skip
+    answer = page.request.post(
+        f"{site.url}/action", form={"run_id": "sleeper", "action": "cancel", "token": "wrong"}
+    )
     assert answer.status == 403
     assert site.status("sleeper") == "running"
+
+
+def test_user_data_is_shown_as_text_never_as_markup(site: Site) -> None:
+    page = site.page()
+    page.goto(f"{site.url}/runs?prefix=odd")
+    expect(page.locator("span.tag")).to_have_text(f"note={XSS}")
+    page.goto(f"{site.url}/runs/odd")
+    expect(page.locator("span.tag")).to_have_text(f"note={XSS}")
+    assert page.locator("img").count() == 0
+
+
+def test_redrive_an_edited_dead_letter_starts_the_run(site: Site) -> None:
+    page = site.page()
+    page.goto(f"{site.url}/dlq")
+    row = page.locator("tr.letter", has_text="invalid-input")
+    expect(row).to_have_count(1)
+    assert row.locator("a").inner_text() == "bad-input"
+    record = page.locator("tr.letter-record").filter(has_text="not a number")
+    record.locator("summary").click()
+    document = json.loads(record.locator("textarea").input_value())
+    assert document["type"] == "StartRun" and document["input"] == "not a number"
+    record.locator("textarea").fill(json.dumps({**document, "input": 2}))
+    record.locator("button.redrive-button").click()
+    expect(page.locator("#done")).to_contain_text("(redrive 1, edited)")
+    assert site.client.result("bad-input", timeout=60) == 5

@@ -7,13 +7,15 @@ import ipaddress
 import socket
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from runstream.cli import options
+from runstream.cli.dlq_cmd import letter_dict, read_letters
 from runstream.cli.options import namespace
 from runstream.cli.runs_cmd import _journal, cache, model_path
+from runstream.schemas.codec import Codec
 from runstream.settings import Settings
 
 if TYPE_CHECKING:
@@ -100,4 +102,11 @@ def dashboard(
     settings = Settings().with_bootstrap(bootstrap)
     path = model_path(cache_dir, settings.bootstrap(), namespace)
     journal = partial(_journal, ns=namespace, settings=settings, path=path)
-    return Dashboard(namespace, settings, path, journal, cache_dir, token=token, loopback=loopback)
+
+    def letters() -> list[dict[str, Any]]:
+        codec = Codec.default()
+        return [letter_dict(e, codec) for e in read_letters(settings, namespace)]
+
+    return Dashboard(
+        namespace, settings, path, journal, cache_dir, letters, token=token, loopback=loopback
+    )
