@@ -611,7 +611,7 @@ def _waterfall(s: Story, now: int) -> Markup:
     rows = []
     for sp in s.spans:  # every text escaped: f-strings, since Markup.format is slow
         end = sp.end_ms if sp.end_ms is not None else end_of_run
-        x, w = (sp.start_ms - t0) * 1000 / total, max((end - sp.start_ms) * 1000 / total, 2)
+        x, w = (sp.start_ms - t0) * 1000 / total, max((end - sp.start_ms) * 1000 / total, 4)
         label = str(escape(sp.label))
         if sp.link:
             label = f'<a href="/runs/{escape(quote(sp.link, safe=""))}">{label}</a>'
