@@ -50,6 +50,8 @@ class Site:
     ns: str
     client: runstream.Client
     browser: Browser
+    tmp: Path
+    bootstrap: str
 
     def page(self) -> Page:
         page = self.browser.new_page()
@@ -97,7 +99,7 @@ def site(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         client.start("checkout", {"id": 7, "amount": -1}, run_id="declined")
         client.start("sleepy", 3600, run_id="sleeper")
         client.start("three_steps", "not a number", run_id="bad-input")  # a dead letter
-        for run_id in ("wait-cancel", "wait-signal", "bulk-1", "bulk-2", "bulk-3"):
+        for run_id in ("wait-cancel", "wait-signal", "wait-token", "bulk-1", "bulk-2", "bulk-3"):
             tags = {"batch": "b"} if run_id.startswith("bulk") else {}
             client.start("approval", None, run_id=run_id, tags=tags)
         assert client.result("done-1", timeout=60) == 4
@@ -116,7 +118,7 @@ def site(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
             try:
                 if shots := os.environ.get("RUNSTREAM_UI_SCREENSHOTS"):
                     screenshots.shoot(browser, url, "declined", Path(shots))
-                yield Site(url, ns, client, browser)
+                yield Site(url, ns, client, browser, tmp, kafka_bootstrap)
             finally:
                 browser.close()
     finally:
@@ -294,3 +296,26 @@ def test_redrive_an_edited_dead_letter_starts_the_run(site: Site) -> None:
     record.locator("button.redrive-button").click()
     expect(page.locator("#done")).to_contain_text("(redrive 1, edited)")
     assert site.client.result("bad-input", timeout=60) == 5
+
+
+def test_with_a_token_an_action_needs_it_typed_into_the_page(site: Site) -> None:
+    # As bound beyond loopback: the pages carry no token, the user types it.
+    dash = dashboard(site.ns, site.bootstrap, site.tmp / "cache-token", token="s3cret",
+                     loopback=False)  # fmt: skip
+    dash.start()
+    server = _Server(create_app(dash), _free_port())
+    try:
+        page = site.page()
+        page.goto(f"http://127.0.0.1:{server.server.config.port}/runs/wait-token")
+        assert "s3cret" not in page.content()
+        page.fill("#token-input", "wrong")
+        page.click("#cancel-run")
+        expect(page.locator("body")).to_contain_text("wrong or missing token")
+        page.go_back()
+        page.fill("#token-input", "s3cret")
+        page.click("#cancel-run")
+        expect(page.locator("#done")).to_have_text("cancel sent")
+        wait_for(lambda: site.status("wait-token") == "cancelled", what="the cancel")
+    finally:
+        server.stop()
+        dash.close()
