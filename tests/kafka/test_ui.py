@@ -98,6 +98,7 @@ def site(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         client.start("parent", 2, run_id="family")
         client.start("checkout", {"id": 7, "amount": -1}, run_id="declined")
         client.start("sleepy", 3600, run_id="sleeper")
+        client.schedule("yearly", "three_steps", 1, cron="0 0 1 1 *")
         client.start("three_steps", "not a number", run_id="bad-input")  # a dead letter
         for run_id in ("wait-cancel", "wait-signal", "wait-token", "bulk-1", "bulk-2", "bulk-3"):
             tags = {"batch": "b"} if run_id.startswith("bulk") else {}
@@ -319,3 +320,14 @@ def test_with_a_token_an_action_needs_it_typed_into_the_page(site: Site) -> None
     finally:
         server.stop()
         dash.close()
+
+
+def test_schedules_and_task_groups_pages(site: Site) -> None:
+    page = site.page()
+    row = page.locator("tr.schedule", has_text="yearly")
+    # the page reads the journal when loaded: load it again until the engine recorded it
+    wait_for(lambda: page.goto(f"{site.url}/schedules") and row.count(), what="the schedule")
+    expect(row).to_contain_text("three_steps")
+    expect(row).to_contain_text("active")
+    page.goto(f"{site.url}/tasks")  # this App declares no task group
+    expect(page.locator("td.empty")).to_contain_text("no task groups")

@@ -20,6 +20,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -208,48 +209,42 @@ class Dashboard:
     def events_since(self, n: int) -> list[tuple[int, dict[str, Any]]]:
         return [(i, ev) for i, ev in list(self.tap.recent) if i > n]
 
-    def _cli(self, *args: str) -> list[str]:
+    def _argv(self, *args: str) -> list[str]:
         """A ``runstream`` command line on this namespace and broker."""
-        bootstrap = self.settings.bootstrap()
-        return [
-            sys.executable,
-            "-m",
-            "runstream",
-            *args,
-            "-n",
-            self.namespace,
-            "--bootstrap",
-            bootstrap,
-        ]
+        where = ["-n", self.namespace, "--bootstrap", self.settings.bootstrap()]
+        return [sys.executable, "-m", "runstream", *args, *where]
+
+    def cli_json(self, *args: str, stdin: str = "") -> Any:
+        """What ``runstream ARGS --json`` prints on this namespace: the CLI's own code for
+        what it already does (its one-line error raised as `RunstreamError`)."""
+        out = subprocess.run(
+            self._argv(*args, "--json"), input=stdin, capture_output=True, text=True, timeout=120
+        )
+        if out.returncode != 0:
+            lines = out.stderr.strip().splitlines()
+            raise RunstreamError(lines[-1] if lines else f"runstream {args[0]} failed")
+        return json.loads(out.stdout)
 
     def redrive(self, letter_id: str, document: str | None) -> dict[str, Any]:
         """``runstream dlq redrive`` of one letter, as it was or as ``document`` (JSON)."""
-        args = self._cli("dlq", "redrive", letter_id, "--json")
-        if document is not None:
-            args += ["--from-file", "-"]
-        out = subprocess.run(
-            args, input=document or "", capture_output=True, text=True, timeout=120
-        )
-        if out.returncode != 0:
-            raise RunstreamError(_last_line(out.stderr))
-        done: list[dict[str, Any]] = json.loads(out.stdout)
-        return done[0]
+        if document is None:
+            done = self.cli_json("dlq", "redrive", letter_id)
+        else:
+            done = self.cli_json("dlq", "redrive", letter_id, "--from-file", "-", stdin=document)
+        return dict(done[0])
 
     def bulk_cancel(self, where: str, dry_run: bool) -> dict[str, Any]:
         """``runstream runs cancel --where`` (its durable job): a dry run answers what it
         would touch; a real one is left running and answers at once."""
-        args = self._cli("runs", "cancel", "--where", where, "--json")
+        args = ["runs", "cancel", "--where", where]
         if self.cache_dir is not None:
             args += ["--cache-dir", str(self.cache_dir)]
         if dry_run:
-            out = subprocess.run([*args, "--dry-run"], capture_output=True, text=True, timeout=120)
-            if out.returncode != 0:
-                raise RunstreamError(_last_line(out.stderr))
-            doc: dict[str, Any] = json.loads(out.stdout)
-            return doc
+            return dict(self.cli_json(*args, "--dry-run"))
+        argv = self._argv(*args)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_name(f"{self.namespace}.ui-bulk.log"), "ab") as logf:
-            job = subprocess.Popen(args, stdout=logf, stderr=subprocess.STDOUT)
+            job = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT)
         self._jobs = [j for j in self._jobs if j.poll() is None] + [job]
         return {"started": True}
 
@@ -308,21 +303,21 @@ class Filters:
         pairs += [("tag", t) for t in values["tags"]]
         return urlencode(pairs)
 
-    def where(self) -> str | None:
-        """The filter as ``runs cancel --where`` says it; None if it cannot (time, prefix)."""
+    def where(self) -> tuple[str | None, str]:
+        """The filter as ``runs cancel --where`` says it, or None and why it cannot."""
         if self.since or self.until or self.prefix:
-            return None
-        parts = [
-            f"{k}={v}"
-            for k, v in (
-                ("status", self.status),
-                ("workflow", self.workflow),
-                ("version", self.version),
+            return (
+                None,
+                "bulk cancel goes by status, workflow, version and tags: clear the "
+                "time and id prefix filters first",
             )
-            if v
-        ]
-        parts += [f"tag.{t}" for t in self.tags]
-        return ",".join(parts) or None
+        named = [("status", self.status), ("workflow", self.workflow), ("version", self.version)]
+        parts = [f"{k}={v}" for k, v in named if v] + [f"tag.{t}" for t in self.tags]
+        if not parts:
+            return None, "choose at least one filter: bulk cancel never takes every run"
+        if any("," in p for p in parts):
+            return None, "bulk cancel cannot say a filter with a comma in it"
+        return ",".join(parts), ""
 
 
 def _time(value: str, name: str) -> int | None:
@@ -333,8 +328,6 @@ def _time(value: str, name: str) -> int | None:
         return int((time.time() - seconds(value)) * 1000)
     except ValueError:
         pass
-    from datetime import datetime
-
     try:
         return int(datetime.fromisoformat(value).timestamp() * 1000)
     except ValueError:
@@ -497,19 +490,9 @@ def create_app(dash: Dashboard) -> Starlette:
         if (refused := _refused(dash, request, form)) is not None:
             return refused
         f = Filters.of(form, form.getlist("tag"))  # type: ignore[arg-type]
-        where = f.where()
+        where, problem = f.where()
         if where is None:
-            return page(
-                "bulk.html",
-                400,
-                f=f,
-                where=None,
-                result=None,
-                problem=(
-                    "bulk cancel goes by status, workflow, version and tags: clear the time and "
-                    "id prefix filters first"
-                ),
-            )
+            return page("bulk.html", 400, f=f, where=None, result=None, problem=problem)
         dry = form.get("confirm") != "yes"
         try:
             result = await asyncio.to_thread(dash.bulk_cancel, where, dry)
@@ -544,6 +527,20 @@ def create_app(dash: Dashboard) -> Starlette:
         except (RunstreamError, subprocess.TimeoutExpired) as exc:
             done = f"dead letter {letter_id} not redriven: {exc}"
         return RedirectResponse(f"/dlq?{urlencode({'done': done})}", 303)
+
+    async def schedules(request: Request) -> Response:
+        try:
+            rows = await asyncio.to_thread(dash.cli_json, "schedules", "list")
+        except (RunstreamError, subprocess.TimeoutExpired) as exc:
+            return page("schedules.html", 500, rows=[], problem=str(exc))
+        return page("schedules.html", rows=rows, problem=None)
+
+    async def tasks(request: Request) -> Response:
+        try:
+            rows = await asyncio.to_thread(dash.cli_json, "tasks", "status")
+        except (RunstreamError, subprocess.TimeoutExpired) as exc:
+            return page("tasks.html", 500, rows=[], problem=str(exc))
+        return page("tasks.html", rows=rows, problem=None)
 
     def versions(request: Request) -> Response:
         return page("versions.html", versions=dash.versions())
@@ -580,18 +577,14 @@ def create_app(dash: Dashboard) -> Starlette:
             Route("/action", act, methods=["POST"]),
             Route("/bulk-cancel", bulk, methods=["POST"]),
             Route("/versions", versions),
+            Route("/schedules", schedules),
+            Route("/tasks", tasks),
             Route("/dlq", letters),
             Route("/dlq/redrive", redrive, methods=["POST"]),
             Route("/events", events),
             Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
         ]
     )
-
-
-def _last_line(text: str) -> str:
-    """What a failed command said last (its one-line error)."""
-    lines = text.strip().splitlines()
-    return lines[-1] if lines else "the command failed and said nothing"
 
 
 def _int(text: str | None, low: int, high: int) -> int:
