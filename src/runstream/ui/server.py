@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,7 +40,7 @@ from runstream.errors import DecodeError, RunNotFound, RunstreamError
 from runstream.projections.runs import CatchUp, Layout, RunQuery, RunRow, RunsModel
 from runstream.projections.store import key_range
 from runstream.schemas.codec import Codec
-from runstream.schemas.records import LifecycleEvent, Record, Status
+from runstream.schemas.records import LifecycleEvent, Record, RunCancelled, RunCompleted, Status
 from runstream.settings import Settings
 from runstream.topics.admin import client_config
 from runstream.topics.catchup import PartitionReader
@@ -52,6 +52,7 @@ log = logging.getLogger("runstream.ui")
 PAGE = 50  # runs per page
 COUNT_CAP = 1000  # a count that scans (tag, time, id prefix) stops here
 FACTS_PAGE = 200  # a run's facts per page of its history
+FINAL_KEPT = 8  # the histories of ended runs kept in memory
 RECENT = 2000  # lifecycle events kept for the live streams
 TOKEN_HEADER = "x-runstream-token"
 _HERE = Path(__file__).parent
@@ -128,6 +129,7 @@ class Dashboard:
         self._client: Client | None = None
         self._thread: threading.Thread | None = None
         self._jobs: list[subprocess.Popen[bytes]] = []  # bulk cancels under way
+        self._final: OrderedDict[str, list[Record]] = OrderedDict()  # see facts()
 
     # life
     def catch_up(self) -> CatchUp | None:
@@ -203,8 +205,20 @@ class Dashboard:
         with self.lock:
             return self.model.versions()
 
-    def facts(self, run_id: str) -> list[Any]:
-        return self.journal(run_id)
+    def facts(self, run_id: str) -> list[Record]:
+        """The run's journal facts; those of a run that completed or was cancelled are kept
+        (they never change), so paging through a long history reads it once."""
+        with self.lock:
+            if (kept := self._final.get(run_id)) is not None:
+                self._final.move_to_end(run_id)
+                return kept
+        facts = self.journal(run_id)
+        if facts and isinstance(facts[-1], RunCompleted | RunCancelled):
+            with self.lock:
+                self._final[run_id] = facts
+                while len(self._final) > FINAL_KEPT:
+                    self._final.popitem(last=False)
+        return facts
 
     def events_since(self, n: int) -> list[tuple[int, dict[str, Any]]]:
         return [(i, ev) for i, ev in list(self.tap.recent) if i > n]

@@ -5,7 +5,7 @@
   const kind = document.body.dataset.live;  // "list", "run" or ""
   const state = document.getElementById("live-state");
   const toggle = document.getElementById("live-toggle");
-  let paused = false, missed = 0, timer = null;
+  let paused = false, missed = 0, timer = null, loading = false, again = false;
 
   // --token: the user types it once; every form of the page sends it.
   const tokenInput = document.getElementById("token-input");
@@ -24,13 +24,19 @@
   const target = kind === "list" ? "runs-table" : "run-body";
   const runId = kind === "run" ? document.getElementById("run-title").dataset.run : null;
 
+  // One fetch at a time: changes that come while one is under way make one more after it.
   function refresh() {
     timer = null;
+    if (loading) { again = true; return; }
+    loading = true;
     const url = new URL(window.location.href);
     url.searchParams.set("fragment", "1");
     url.searchParams.delete("done");
     fetch(url).then((r) => (r.ok ? r.text() : null)).then((html) => {
       if (html !== null && !paused) { document.getElementById(target).innerHTML = html; }
+    }).catch(() => {}).finally(() => {
+      loading = false;
+      if (again) { again = false; changed(); }
     });
   }
   function changed() {
