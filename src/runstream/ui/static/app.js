@@ -20,7 +20,7 @@
     fill();
   }
 
-  if (!kind || !window.EventSource) { if (toggle) toggle.hidden = true; return; }
+  if (!kind || !window.EventSource) { state.parentElement.hidden = true; return; }
   const target = kind === "list" ? "runs-table" : "run-body";
   const runId = kind === "run" ? document.getElementById("run-title").dataset.run : null;
 
