@@ -89,7 +89,13 @@ class _Server:
 def site(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     ns, tmp = f"t{uuid.uuid4().hex[:10]}", tmp_path_factory.mktemp("ui")
     ensure_topics(kafka_bootstrap, ns, PARTITIONS)
-    worker = ThreadWorker(make_app(ns, kafka_bootstrap), tmp / "state")
+    app = make_app(ns, kafka_bootstrap)
+
+    @app.workflow(concurrency_key=lambda _: "k", limit=1)
+    async def solo(ctx: runstream.Context, n: int) -> None:  # holds its permit until "go"
+        await ctx.wait_for_signal("go")
+
+    worker = ThreadWorker(app, tmp / "state")
     client = runstream.Client(ns, kafka_bootstrap)
     dash: Dashboard | None = None
     server: _Server | None = None
@@ -99,6 +105,7 @@ def site(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         client.start("checkout", {"id": 7, "amount": -1}, run_id="declined")
         client.start("sleepy", 3600, run_id="sleeper")
         client.schedule("yearly", "three_steps", 1, cron="0 0 1 1 *")
+        client.start("solo", 1, run_id="solo-1")
         client.start("three_steps", "not a number", run_id="bad-input")  # a dead letter
         for run_id in ("wait-cancel", "wait-signal", "wait-token", "bulk-1", "bulk-2", "bulk-3"):
             tags = {"batch": "b"} if run_id.startswith("bulk") else {}
@@ -110,6 +117,7 @@ def site(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         with pytest.raises(runstream.RunFailed):
             client.result("declined", timeout=60)
         wait_for(lambda: client.get_run("sleeper").steps == 1, what="the sleeper to sleep")
+        client.start("solo", 2, run_id="solo-2")  # after solo-1: it waits for the permit
         dash = dashboard(ns, kafka_bootstrap, tmp / "cache")
         dash.start()
         server = _Server(create_app(dash), _free_port())
@@ -331,3 +339,15 @@ def test_schedules_and_task_groups_pages(site: Site) -> None:
     expect(row).to_contain_text("active")
     page.goto(f"{site.url}/tasks")  # this App declares no task group
     expect(page.locator("td.empty")).to_contain_text("no task groups")
+
+
+def test_limits_page_shows_the_permit_held_and_the_run_waiting(site: Site) -> None:
+    page = site.page()
+    row = page.locator("tr.limit", has_text="solo")
+    # the page folds the journal when loaded: load it again until solo-2's request is in
+    wait_for(lambda: page.goto(f"{site.url}/limits") and row.locator("td.waiting a").count(),
+             what="solo-2 waiting")  # fmt: skip
+    assert row.locator("td.held a").all_inner_texts() == ["solo-1"]
+    assert row.locator("td.waiting a").all_inner_texts() == ["solo-2"]
+    page.goto(f"{site.url}/runs/solo-2")
+    expect(page.locator("#waiting li.wait-permit")).to_contain_text("permit solo")

@@ -15,8 +15,13 @@ from runstream.cli import options
 from runstream.cli.dlq_cmd import letter_dict, read_letters
 from runstream.cli.options import namespace
 from runstream.cli.runs_cmd import _journal, cache, model_path
+from runstream.engine.reducer import apply
+from runstream.engine.state import LimitState
+from runstream.errors import DecodeError
 from runstream.schemas.codec import Codec
+from runstream.schemas.records import FACTS, LIMIT_PREFIX
 from runstream.settings import Settings
+from runstream.topics.spec import Topics
 
 if TYPE_CHECKING:
     from runstream.ui.server import Dashboard
@@ -108,5 +113,46 @@ def dashboard(
         return [letter_dict(e, codec) for e in read_letters(settings, namespace)]
 
     return Dashboard(
-        namespace, settings, path, journal, cache_dir, letters, token=token, loopback=loopback
+        namespace,
+        settings,
+        path,
+        journal,
+        cache_dir,
+        letters,
+        partial(limits, settings, namespace),
+        token=token,
+        loopback=loopback,
     )
+
+
+def limits(settings: Settings, namespace: str) -> list[dict[str, Any]]:
+    """Each limit of ``namespace`` as its journal facts leave it (read from the topic, as
+    ``schedules list`` reads schedules): its settings, the permits held, the requests
+    waiting in their order."""
+    codec, prefix = Codec.default(), LIMIT_PREFIX.encode()
+    states: dict[str, LimitState] = {}
+    for batch in options.read_topic(settings, Topics(namespace).journal, None):
+        for rec in batch:
+            if not (rec.key or b"").startswith(prefix):
+                continue
+            try:
+                fact = codec.decode(rec.value)
+            except DecodeError:
+                continue
+            if isinstance(fact, FACTS):
+                run_id: str = fact.run_id  # type: ignore[attr-defined]
+                apply(states.setdefault(run_id, LimitState(run_id)), fact)  # type: ignore[arg-type]
+    out = []
+    for state in sorted(states.values(), key=lambda s: s.run_id):
+        lim = state.limit
+        out.append(
+            {
+                "limit": state.run_id[len(LIMIT_PREFIX) :],
+                "concurrency": None if lim is None else lim.concurrency,
+                "rate": None if lim is None else lim.rate,
+                "max_queued": None if lim is None else lim.max_queued,
+                "held": [{"holder": h, "seq": seq} for h, seq in state.held],
+                "waiting": [{"holder": q.holder, "seq": q.seq} for q in state.queue],
+            }
+        )
+    return out

@@ -11,6 +11,7 @@ from typing import Any
 
 from runstream.engine import payload
 from runstream.schemas.records import (
+    LIMIT_PREFIX,
     ChildEnded,
     ChildStarted,
     EventAwaited,
@@ -169,7 +170,12 @@ def story(facts: list[Record]) -> Story:
             case ChildEnded():
                 _close(opened, ("child", fact.seq), at, fact.status, fact.error or "")
             case PermitRequested():
-                _open(s, opened, ("permit", fact.seq), Span("permit", f"permit {fact.limit}", at))
+                _open(
+                    s,
+                    opened,
+                    ("permit", fact.seq),
+                    Span("permit", f"permit {fact.limit.removeprefix(LIMIT_PREFIX)}", at),
+                )
             case PermitReceived():
                 outcome = "received" if fact.granted else "refused"
                 _close(opened, ("permit", fact.seq), at, outcome, fact.reason)

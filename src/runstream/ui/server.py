@@ -99,6 +99,7 @@ class Dashboard:
         journal: Callable[[str], list[Record]],
         cache_dir: Path | None = None,
         letters: Callable[[], list[dict[str, Any]]] | None = None,
+        limits: Callable[[], list[dict[str, Any]]] | None = None,
         *,
         token: str | None = None,
         loopback: bool = True,
@@ -106,9 +107,11 @@ class Dashboard:
     ) -> None:
         """``path``: the runs model's directory; ``journal``: a run's facts, in order
         (`RunNotFound` if it has none); ``cache_dir``: as given to ``runstream runs``;
-        ``letters``: the dead letters, as ``runstream dlq show --json`` gives each."""
+        ``letters``: the dead letters, as ``runstream dlq show --json`` gives each;
+        ``limits``: the limits, with the permits held and the requests waiting."""
         self.namespace, self.settings, self.path = namespace, settings, path
-        self.journal, self.cache_dir, self.letters = journal, cache_dir, letters
+        self.journal, self.cache_dir = journal, cache_dir
+        self.letters, self.limits = letters, limits
         # Loopback without --token: a random token in the pages guards against other sites.
         self.token = token or (secrets.token_urlsafe(24) if loopback else None)
         self.embed_token = token is None and loopback
@@ -556,6 +559,15 @@ def create_app(dash: Dashboard) -> Starlette:
             return page("tasks.html", 500, rows=[], problem=str(exc))
         return page("tasks.html", rows=rows, problem=None)
 
+    async def limits(request: Request) -> Response:
+        if dash.limits is None:
+            return page("limits.html", rows=[], problem="this dashboard reads no limits")
+        try:
+            rows = await asyncio.to_thread(dash.limits)
+        except RunstreamError as exc:
+            return page("limits.html", 500, rows=[], problem=str(exc))
+        return page("limits.html", rows=rows, problem=None)
+
     def versions(request: Request) -> Response:
         return page("versions.html", versions=dash.versions())
 
@@ -593,6 +605,7 @@ def create_app(dash: Dashboard) -> Starlette:
             Route("/versions", versions),
             Route("/schedules", schedules),
             Route("/tasks", tasks),
+            Route("/limits", limits),
             Route("/dlq", letters),
             Route("/dlq/redrive", redrive, methods=["POST"]),
             Route("/events", events),
