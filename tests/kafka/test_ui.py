@@ -7,6 +7,7 @@ Skipped only where /usr/bin/chromium is missing (`scripts/setup` installs it).
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
@@ -26,7 +27,7 @@ import runstream
 from runstream.cli.ui_cmd import dashboard
 from runstream.topics.admin import ensure_topics
 from runstream.ui import screenshots
-from runstream.ui.server import Dashboard, create_app
+from runstream.ui.server import LOOPBACK_HOSTS, Dashboard, create_app
 
 from .flows import make_app
 from .kit import PARTITIONS, ThreadWorker, wait_for
@@ -120,7 +121,7 @@ def site(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         client.start("solo", 2, run_id="solo-2")  # after solo-1: it waits for the permit
         dash = dashboard(ns, kafka_bootstrap, tmp / "cache")
         dash.start()
-        server = _Server(create_app(dash), _free_port())
+        server = _Server(create_app(dash, LOOPBACK_HOSTS), _free_port())  # as `runstream ui`
         url = f"http://127.0.0.1:{server.server.config.port}"
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM)
@@ -351,3 +352,16 @@ def test_limits_page_shows_the_permit_held_and_the_run_waiting(site: Site) -> No
     assert row.locator("td.waiting a").all_inner_texts() == ["solo-2"]
     page.goto(f"{site.url}/runs/solo-2")
     expect(page.locator("#waiting li.wait-permit")).to_contain_text("permit solo")
+
+
+def test_a_loopback_dashboard_answers_no_other_host_name(site: Site) -> None:
+    """A page of another site whose name resolves to 127.0.0.1 (DNS rebinding) gets no
+    page, so never the token in it."""
+    port = int(site.url.rsplit(":", 1)[1])
+    for host, status in ((f"evil.example:{port}", 400), (f"localhost:{port}", 200)):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            conn.request("GET", "/runs", headers={"Host": host})
+            assert conn.getresponse().status == status, host
+        finally:
+            conn.close()

@@ -73,7 +73,7 @@ def ui(
     try:
         import uvicorn
 
-        from runstream.ui.server import create_app
+        from runstream.ui.server import LOOPBACK_HOSTS, create_app
     except ImportError as exc:
         raise click.ClickException(
             f"runstream ui needs the ui extra: pip install 'runstream[ui]' ({exc})"
@@ -86,8 +86,13 @@ def ui(
         if not loopback and token is None:
             click.echo("warning: bound beyond loopback without --token: actions are off", err=True)
         click.echo(f"Runstream dashboard of {namespace}: http://{host}:{port}/runs", err=True)
+        hosts = [*LOOPBACK_HOSTS, host] if loopback else None
         uvicorn.run(
-            create_app(dash), host=host, port=port, log_level="warning", timeout_graceful_shutdown=2
+            create_app(dash, hosts),
+            host=host,
+            port=port,
+            log_level="warning",
+            timeout_graceful_shutdown=2,
         )
     finally:
         dash.close()

@@ -29,6 +29,8 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup, escape
 from starlette.applications import Starlette
 from starlette.datastructures import FormData
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -400,8 +402,14 @@ def _env() -> Environment:
     return env
 
 
-def create_app(dash: Dashboard) -> Starlette:
-    """The dashboard's ASGI app over ``dash`` (started and closed by the caller)."""
+#: The names a loopback dashboard answers to: another name is a page of some other site
+#: whose name was pointed at 127.0.0.1 (DNS rebinding), which must not read the token.
+LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
+
+
+def create_app(dash: Dashboard, hosts: Sequence[str] | None = None) -> Starlette:
+    """The dashboard's ASGI app over ``dash`` (started and closed by the caller),
+    answering only requests for ``hosts`` when given (`LOOPBACK_HOSTS` and its own)."""
     env = _env()
 
     def page(name: str, status: int = 200, since: int = 0, **values: Any) -> HTMLResponse:
@@ -610,7 +618,8 @@ def create_app(dash: Dashboard) -> Starlette:
             Route("/dlq/redrive", redrive, methods=["POST"]),
             Route("/events", events),
             Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
-        ]
+        ],
+        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=list(hosts))] if hosts else [],
     )
 
 
