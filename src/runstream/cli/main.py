@@ -30,6 +30,7 @@ from runstream.cli.schedules_cmd import schedules
 from runstream.cli.tasks_cmd import tasks
 from runstream.cli.tasks_status import status as tasks_status
 from runstream.cli.topics_cmd import topics
+from runstream.cli.ui_cmd import ui
 from runstream.errors import KafkaFatal, RunstreamError
 from runstream.instance import read_health
 from runstream.supervisor import EXIT_CANNOT_LOAD
@@ -79,6 +80,7 @@ cli.add_command(schedules)
 cli.add_command(tasks)
 cli.add_command(promise)
 tasks.add_command(tasks_status)
+cli.add_command(ui)
 
 
 @cli.command()
