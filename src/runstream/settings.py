@@ -127,6 +127,15 @@ class Settings(BaseSettings):
         description="Largest Kafka record in bytes; default: the smallest "
         "max.message.bytes of the namespace's topics and the producer.",
     )
+    metrics_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="Serve Prometheus metrics on this port at /metrics (0: no metrics).",
+    )
+    metrics_host: str = Field(
+        "127.0.0.1", description="The address the metrics port binds (0.0.0.0: every one)."
+    )
     exit_on_hang: bool = Field(
         True,
         description="End the process when a Kafka call or workflow code hangs, so the "
