@@ -5,15 +5,15 @@ Every metric Runstream exposes is defined here, on a registry of its own per ins
 figure is known: `Worker` after each commit (from the facts committed, so an aborted
 batch counts nothing), around its commit and restore; `TaskWorker` around each task.
 Running totals the shells keep anyway (``stats``, the seconds per phase) and the
-per-partition figures (`Snapshot`) are read when Prometheus scrapes, on the server's
-thread, so command lag is current even while the engine's loop is busy. Labels stay
+per-partition figures (the `Snapshot` the engine's loop takes after each turn) are read
+when Prometheus scrapes; the server's thread calls nothing of Kafka's (a consumer called
+from two threads can deadlock). Labels stay
 bounded: workflow, step, group, limit and code names come from the code, partitions
 from the namespace; never a run id.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -40,8 +40,6 @@ from runstream.schemas.records import (
 if TYPE_CHECKING:
     from runstream.engine.work import Batch
 
-log = logging.getLogger("runstream.metrics")
-
 #: Latencies, from a fast commit (ms) to a slow step (minutes).
 SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 #: Records per transaction.
@@ -61,7 +59,7 @@ def limit_name(entity_id: str) -> str:
 
 @dataclass
 class Snapshot:
-    """Per-partition figures of an engine instance, now."""
+    """Per-partition figures of an engine instance, as its loop last saw them."""
 
     lag: dict[int, int] = field(default_factory=dict)  # commands not yet taken
     backlog_age: dict[int, float] = field(default_factory=dict)  # seconds
@@ -76,7 +74,6 @@ class EngineMetrics:
         group_of: a step's task group by its name ("" for a local step).
         stats: the instance's running totals (transactions, aborted, commands, facts).
         seconds: the instance's seconds in each phase of its loop.
-        live: its per-partition figures, asked at each scrape (on the server's thread).
     """
 
     def __init__(
@@ -84,7 +81,6 @@ class EngineMetrics:
         group_of: Callable[[str], str] = lambda _name: "",
         stats: Mapping[str, int] | None = None,
         seconds: Mapping[str, float] | None = None,
-        live: Callable[[], Snapshot] = Snapshot,
     ) -> None:
         r = self.registry = CollectorRegistry()
         self._group_of = group_of
@@ -150,9 +146,12 @@ class EngineMetrics:
             buckets=SECONDS,
             registry=r,
         )
+        self._snapshot = Snapshot()
         # limit entity -> (partition, held, waiting), for the owned partitions
         self._limits: dict[str, tuple[int, int, int]] = {}
-        r.register(_EngineLive(self, stats or {}, seconds or {}, live))
+        # `is None`: the shell's totals start empty (falsy) and fill up later
+        stats, seconds = {} if stats is None else stats, {} if seconds is None else seconds
+        r.register(_EngineLive(self, stats, seconds))
 
     # -- updates, on the instance's thread -------------------------------------------
     def committed(self, b: Batch, commit_seconds: float | None = None) -> None:
@@ -202,6 +201,10 @@ class EngineMetrics:
         gone = set(partitions)
         self._limits = {k: v for k, v in self._limits.items() if v[0] not in gone}
 
+    def partitions(self, snapshot: Snapshot) -> None:
+        """The instance's per-partition figures now."""
+        self._snapshot = snapshot
+
     @staticmethod
     def _workflow(b: Batch, run_id: str) -> str:
         w = b.runs.get(run_id)
@@ -212,21 +215,12 @@ class _EngineLive(Collector):
     """What Prometheus reads at scrape time: the shell's totals and its last snapshot."""
 
     def __init__(
-        self,
-        m: EngineMetrics,
-        stats: Mapping[str, int],
-        seconds: Mapping[str, float],
-        live: Callable[[], Snapshot],
+        self, m: EngineMetrics, stats: Mapping[str, int], seconds: Mapping[str, float]
     ) -> None:
-        self._m, self._stats, self._seconds, self._live = m, stats, seconds, live
+        self._m, self._stats, self._seconds = m, stats, seconds
 
     def collect(self) -> Iterator[Metric]:
-        stats, seconds = dict(self._stats), dict(self._seconds)
-        try:
-            snap = self._live()
-        except Exception as exc:  # the instance is stopping (its consumer closed), say
-            log.debug("no per-partition figures: %s", exc)
-            snap = Snapshot()
+        stats, seconds, snap = dict(self._stats), dict(self._seconds), self._m._snapshot
         for name, key, doc in (
             ("transactions", "transactions", "Transactions committed."),
             ("transactions_aborted", "aborted", "Transactions aborted (their batch redone)."),

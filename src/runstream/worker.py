@@ -75,16 +75,10 @@ class Worker:
         self.status = "stopped"  # connecting, restoring, running, draining, stopped
         registry = app.registry
         self.metrics = EngineMetrics(
-            lambda step: registry.step_by_name(step).policy.group or "",
-            self.stats,
-            self.seconds,
-            self._live,
+            lambda step: registry.step_by_name(step).policy.group or "", self.stats, self.seconds
         )
         self._metrics_server: MetricsServer | None = None
-        # What the loop publishes for the metrics server's thread, which reads nothing else:
-        # the owned partitions' committed positions, the timestamp of each one's last command.
-        self._positions: dict[int, int] = {}
-        self._taken_ms: dict[int, int] = {}
+        self._taken_ms: dict[int, int] = {}  # partition -> timestamp of the last command taken
         self._log = log
         self._decider: Decider | None = None
         self._owned = Partitions(self.state_dir, self.codec)
@@ -128,7 +122,7 @@ class Worker:
                 self.seconds["poll"] += time.perf_counter() - polled
                 self._process(engine_log, records)
                 if self._metrics_server is not None:
-                    self._positions = {p: self._owned.position(p) for p in self._owned}
+                    self.metrics.partitions(self._figures(engine_log))
             self._drain(engine_log)
         finally:
             self._close()
@@ -377,16 +371,15 @@ class Worker:
         if self._metrics_server is not None:
             log.info("metrics on http://%s:%d/metrics", s.metrics_host, self._metrics_server.port)
 
-    def _live(self) -> Snapshot:
-        """The per-partition figures now, for the metrics server's thread: lag from the
-        consumer (thread-safe, no request), the rest from what the loop published."""
-        engine_log, positions, wall_ms = self._log, self._positions, time.time() * 1000
-        lag = engine_log.lag(positions) if engine_log is not None and positions else {}
+    def _figures(self, engine_log: EngineLog) -> Snapshot:
+        """The per-partition figures now (no request to Kafka: cheap at every turn)."""
+        lag = engine_log.lag({p: self._owned.position(p) for p in self._owned})
+        wall_ms = time.time() * 1000
         age = {
             p: (wall_ms - self._taken_ms.get(p, self._owned.since(p))) / 1000 if n else 0.0
             for p, n in lag.items()
         }
-        return Snapshot(lag, age, len(self._inbox.timers), len(positions))
+        return Snapshot(lag, age, len(self._inbox.timers), len(self._owned))
 
     # -- health, stuck workflow code ---------------------------------------------------
     def _set_status(self, status: str) -> None:

@@ -3,6 +3,8 @@ the task worker's its tasks; no broker: the pure core decides, `Core` commits.""
 
 from __future__ import annotations
 
+from collections import Counter
+
 from prometheus_client import generate_latest
 
 from runstream import App
@@ -130,10 +132,9 @@ def test_a_limit_entity_is_labelled_by_its_name_never_by_a_key():
     assert limit_name(limit_id("x", "k" * 300)) == "(hashed)"
 
 
-def test_totals_and_partition_figures_are_read_at_scrape_time():
-    stats = {"transactions": 7, "aborted": 1}
-    live = Snapshot({0: 3, 4: 0}, {0: 2.5}, timers=5, partitions=2)
-    metrics = EngineMetrics(stats=stats, seconds={"poll": 1.5}, live=lambda: live)
+def test_totals_and_the_loops_last_partition_figures_are_read_at_scrape_time():
+    metrics = _metrics()
+    metrics.partitions(Snapshot({0: 3, 4: 0}, {0: 2.5}, timers=5, partitions=2))
     value = metrics.registry.get_sample_value
     assert value("runstream_transactions_total") == 7
     assert value("runstream_transactions_aborted_total") == 1
@@ -145,6 +146,13 @@ def test_totals_and_partition_figures_are_read_at_scrape_time():
     assert value("runstream_timers_pending") == 5
     assert value("runstream_partitions_owned") == 2
     assert b"# TYPE runstream_command_lag_records gauge" in generate_latest(metrics.registry)
+
+
+def test_the_totals_are_the_shells_own_counters_however_empty_they_start():
+    stats: Counter[str] = Counter()
+    metrics = EngineMetrics(stats=stats)
+    stats["transactions"] += 3
+    assert metrics.registry.get_sample_value("runstream_transactions_total") == 3
 
 
 def test_two_instances_in_one_process_keep_their_own_metrics():

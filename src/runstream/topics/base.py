@@ -63,7 +63,7 @@ class EngineLog(Protocol):
     def lag(self, positions: Mapping[int, int]) -> dict[int, int]:
         """Commands of each partition past the consumer's position (``positions[p]``
         before it took any), as of its last fetch; a partition not fetched yet is left
-        out. No request, so it never blocks; it may be called from another thread."""
+        out. No request, so it never blocks."""
         ...
 
     def read_journal(
