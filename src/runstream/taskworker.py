@@ -400,6 +400,7 @@ class TaskWorker:
             task.name,
             task.run_id,
             _now_ms() - (task.deadline_ms or 0),
+            extra={"run_id": task.run_id},
         )
 
     def _ender(self, ended: tuple[int, int, int], what: str) -> Callable[[str | None], None]:
@@ -621,7 +622,13 @@ class _Slots:
             try:
                 self._work(held)
             except Exception:  # a bug, or Kafka gone: the task is not answered; log, go on
-                log.exception("task %s/%d failed in the worker", held.task.run_id, held.task.seq)
+                task = held.task
+                log.exception(
+                    "task %s/%d failed in the worker",
+                    task.run_id,
+                    task.seq,
+                    extra={"run_id": task.run_id},
+                )
             finally:
                 with self._cond:
                     self._running -= 1

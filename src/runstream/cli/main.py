@@ -82,6 +82,7 @@ tasks.add_command(tasks_status)
 @click.argument("target")
 @options.engine_options
 @options.bootstrap
+@options.log_format
 @click.option(
     "--supervise/--no-supervise",
     default=True,

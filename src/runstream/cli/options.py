@@ -94,6 +94,26 @@ ENGINE_FIELDS = (
 _RENAMED = {"instance_id": "instance", "step_concurrency": "concurrency"}
 
 
+def _log_format(_ctx: click.Context, _param: click.Parameter, value: str) -> None:
+    if value == "json":  # the group set logging up before this option's callback runs
+        from runstream.jsonlog import use_json_logs
+
+        use_json_logs()
+
+
+log_format = click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    envvar="RUNSTREAM_LOG_FORMAT",
+    expose_value=False,
+    callback=_log_format,
+    help="json: one JSON object per log line, with run_id where it applies "
+    "(default: $RUNSTREAM_LOG_FORMAT).",
+)
+
+
 def engine_options(fn: F) -> F:
     """One ``--option`` per engine setting (unset ones come from the environment);
     ``--kafka-config`` comes with `bootstrap`."""

@@ -41,6 +41,7 @@ def tasks() -> None:
 )
 @options.metrics
 @options.bootstrap
+@options.log_format
 def serve(
     target: str, group: str, concurrency: int, prefetch: int, grace: float, **values: Any
 ) -> None:
