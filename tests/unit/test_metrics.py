@@ -3,7 +3,10 @@ the task worker's its tasks; no broker: the pure core decides, `Core` commits.""
 
 from __future__ import annotations
 
+import json
+import re
 from collections import Counter
+from pathlib import Path
 
 from prometheus_client import generate_latest
 
@@ -17,6 +20,7 @@ from runstream.schemas.records import LIMIT_PREFIX, limit_id
 
 from .corehelp import Core
 
+ROOT = Path(__file__).resolve().parents[2]
 app = App("unit")
 app.limit("payments", concurrency=1)
 tries: list[int] = []
@@ -207,3 +211,20 @@ def test_a_restored_partition_reports_the_limits_its_projection_holds(tmp_path):
     value = restored.registry.get_sample_value
     assert value("runstream_limit_permits_held", {"limit": "payments"}) == 1
     assert value("runstream_limit_permits_waiting", {"limit": "payments"}) == 2
+
+
+def test_the_grafana_dashboard_asks_only_for_metrics_runstream_exposes():
+    dashboard = json.loads((ROOT / "docs" / "grafana" / "runstream.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    asked = {name for e in exprs for name in re.findall(r"runstream_[a-z_]+", e)}
+    exposed = set()
+    registries = [_metrics().registry, TaskMetrics("g", {}, lambda: (0, 0)).registry]
+    for family in (f for r in registries for f in r.collect()):
+        suffixes = {
+            "counter": ["_total"],
+            "histogram": ["_bucket", "_sum", "_count"],
+            "gauge": [""],
+        }[family.type]
+        exposed |= {family.name + s for s in suffixes}
+    assert asked <= exposed, asked - exposed
+    assert len(asked) >= 25  # every family, near enough: a panel per figure
