@@ -171,7 +171,7 @@ class TaskWorker:
         s = self.settings
         try:
             server = serve(self.metrics.registry, s.metrics_host, s.metrics_port)
-        except OSError as exc:  # the port is taken, say: restarting would not help
+        except OSError as exc:  # the port is taken, say: one line that says so
             raise ConfigError(
                 f"cannot serve metrics on {s.metrics_host}:{s.metrics_port}: {exc}"
             ) from exc

@@ -187,6 +187,8 @@ class Worker:
         self._waiters.drop(set(partitions))
         self._steps.forget(set(partitions))
         self.metrics.released(partitions)
+        for p in partitions:
+            self._taken_ms.pop(p, None)
         how = "lost" if lost else "revoked"
         log.info("partitions %s %s (process %d)", sorted(partitions), how, os.getpid())
         self._set_status(self.status)
@@ -365,7 +367,7 @@ class Worker:
         s = self.settings
         try:
             self._metrics_server = serve(self.metrics.registry, s.metrics_host, s.metrics_port)
-        except OSError as exc:  # the port is taken, say: restarting would not help
+        except OSError as exc:  # the port is taken, say: one line that says so
             where = f"{s.metrics_host}:{s.metrics_port}"
             raise ConfigError(f"cannot serve metrics on {where}: {exc}") from exc
         if self._metrics_server is not None:
