@@ -144,6 +144,15 @@ class Settings(BaseSettings):
     history_max_bytes: int = Field(
         50 * 1024 * 1024, ge=1, description="A run's payload bytes at which it fails."
     )
+    metrics_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="Serve Prometheus metrics on this port at /metrics (0: no metrics).",
+    )
+    metrics_host: str = Field(
+        "127.0.0.1", description="The address the metrics port binds (0.0.0.0: every one)."
+    )
     exit_on_hang: bool = Field(
         True,
         description="End the process when a Kafka call or workflow code hangs, so the "

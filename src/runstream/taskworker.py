@@ -50,6 +50,7 @@ from runstream.engine.steps import StepContext
 from runstream.engine.work import LogRecord, StepJob, StepOutcome
 from runstream.engine.workflow import StepDef, type_hints
 from runstream.errors import ConfigError
+from runstream.metrics import TaskMetrics, serve
 from runstream.runtime.steps import execute
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
@@ -133,6 +134,9 @@ class TaskWorker:
         self.served = {sd.name: _Served.of(sd) for sd in steps}
         self.stats: Counter[str] = Counter()  # results, failed, skipped, dead_letters, heartbeats
         self._stats_lock = threading.Lock()
+        self.metrics = TaskMetrics(
+            group, self.stats, lambda: (self._slots.running, self._slots.held[0])
+        )
         self._stopping, self._hurry = threading.Event(), threading.Event()
         self._log: TaskLog | None = None
         self._slots = _Slots(concurrency, self._work)
@@ -164,6 +168,13 @@ class TaskWorker:
         if threading.current_thread() is threading.main_thread():
             stop_on_signals(self.stop)
         started = time.monotonic()
+        s = self.settings
+        try:
+            server = serve(self.metrics.registry, s.metrics_host, s.metrics_port)
+        except OSError as exc:  # the port is taken, say: one line that says so
+            raise ConfigError(
+                f"cannot serve metrics on {s.metrics_host}:{s.metrics_port}: {exc}"
+            ) from exc
         try:
             self._log = open_task_log(
                 self.settings, self.topics, self.group, self.worker_id, self._stopping.is_set
@@ -186,6 +197,8 @@ class TaskWorker:
             self._drain(self._log)
         finally:
             self._slots.close()
+            if server is not None:
+                server.close()
             if self._log is not None:
                 self._log.close()
                 log.info(
@@ -328,7 +341,10 @@ class TaskWorker:
             task.run_id, task.seq, task.attempt, task.attempt_id, beat=_Beat(self, tl, task)
         )
         job = StepJob(-1, task.run_id, task.seq, task.attempt, served.step, args)
-        return self._result(tl, task, execute(job, context))
+        self.metrics.started(task.name, task.sent_at_ms, _now_ms())
+        outcome = execute(job, context)
+        self.metrics.ran(task.name, outcome.ok, outcome.duration_ms)
+        return self._result(tl, task, outcome)
 
     def _result(self, tl: TaskLog, task: StepTask, o: StepOutcome) -> StepResult:
         ok, output, error, retryable = o.ok, o.output, o.error, o.retryable
@@ -384,6 +400,7 @@ class TaskWorker:
             task.name,
             task.run_id,
             _now_ms() - (task.deadline_ms or 0),
+            extra={"run_id": task.run_id},
         )
 
     def _ender(self, ended: tuple[int, int, int], what: str) -> Callable[[str | None], None]:
@@ -605,7 +622,13 @@ class _Slots:
             try:
                 self._work(held)
             except Exception:  # a bug, or Kafka gone: the task is not answered; log, go on
-                log.exception("task %s/%d failed in the worker", held.task.run_id, held.task.seq)
+                task = held.task
+                log.exception(
+                    "task %s/%d failed in the worker",
+                    task.run_id,
+                    task.seq,
+                    extra={"run_id": task.run_id},
+                )
             finally:
                 with self._cond:
                     self._running -= 1

@@ -26,15 +26,18 @@ from typing import TYPE_CHECKING
 
 from runstream.engine.decide import Decider
 from runstream.engine.replay import Overrun
+from runstream.engine.state import LimitState
 from runstream.engine.waiters import Waiters
 from runstream.engine.work import Attempt, Batch, HandOver, LogRecord, StepJob, StepOutcome, Work
+from runstream.errors import ConfigError
 from runstream.instance import InstanceFiles, StuckRuns
+from runstream.metrics import EngineMetrics, MetricsServer, Snapshot, serve
 from runstream.ownership import Partitions
 from runstream.runtime.budget import ActivationBudget
 from runstream.runtime.inbox import Inbox
 from runstream.runtime.steps import StepRunner, chain
 from runstream.schemas.codec import Codec
-from runstream.schemas.records import StepHandedOver
+from runstream.schemas.records import LIMIT_PREFIX, StepHandedOver
 from runstream.settings import Settings
 from runstream.supervisor import stop_on_signals
 from runstream.topics.base import EngineLog
@@ -70,6 +73,12 @@ class Worker:
         # where the loop's time goes, by phase (logged at stop)
         self.seconds: dict[str, float] = dict.fromkeys(("poll", "decide", "commit", "apply"), 0.0)
         self.status = "stopped"  # connecting, restoring, running, draining, stopped
+        registry = app.registry
+        self.metrics = EngineMetrics(
+            lambda step: registry.step_by_name(step).policy.group or "", self.stats, self.seconds
+        )
+        self._metrics_server: MetricsServer | None = None
+        self._taken_ms: dict[int, int] = {}  # partition -> timestamp of the last command taken
         self._log = log
         self._decider: Decider | None = None
         self._owned = Partitions(self.state_dir, self.codec)
@@ -101,6 +110,7 @@ class Worker:
         if threading.current_thread() is threading.main_thread():
             stop_on_signals(self.stop)
         try:
+            self._serve_metrics()
             engine_log = self._connect()
             if engine_log is None:
                 return
@@ -111,6 +121,8 @@ class Worker:
                 records = self._poll(engine_log)
                 self.seconds["poll"] += time.perf_counter() - polled
                 self._process(engine_log, records)
+                if self._metrics_server is not None:
+                    self.metrics.partitions(self._figures(engine_log))
             self._drain(engine_log)
         finally:
             self._close()
@@ -146,6 +158,8 @@ class Worker:
 
     def _close(self) -> None:
         self._set_status("stopped")
+        if self._metrics_server is not None:
+            self._metrics_server.close()
         self._steps.close()
         self._budget.close()
         if self._log is not None:
@@ -172,6 +186,9 @@ class Worker:
         self._inbox.drop(set(partitions))
         self._waiters.drop(set(partitions))
         self._steps.forget(set(partitions))
+        self.metrics.released(partitions)
+        for p in partitions:
+            self._taken_ms.pop(p, None)
         how = "lost" if lost else "revoked"
         log.info("partitions %s %s (process %d)", sorted(partitions), how, os.getpid())
         self._set_status(self.status)
@@ -218,10 +235,19 @@ class Worker:
         if not self._owned.restoring:
             return
         self._set_status("restoring")
-        for p, store in self._owned.restore(engine_log, self._stopping.is_set).items():
+        began = time.perf_counter()
+        restored = self._owned.restore(engine_log, self._stopping.is_set)
+        if restored:
+            self.metrics.restore_seconds.observe(time.perf_counter() - began)
+        for p, store in restored.items():
             self._inbox.restored(
                 p, store.timers(), store.running(), store.handed_over(), store.parked()
             )
+            if self._metrics_server is not None:  # the limits' figures from the start
+                for limit in store.ids(LIMIT_PREFIX):
+                    state = store.get(limit)
+                    if isinstance(state, LimitState):
+                        self.metrics.limit(p, state)
         self._set_status("running")
 
     # -- the loop ---------------------------------------------------------------------
@@ -276,6 +302,9 @@ class Worker:
         else:
             self._waiters.committed(b, answered)
             self._apply(b, written, started)
+            if self._metrics_server is not None:  # metrics off: they cost nothing
+                self.metrics.committed(b, committed_at - decided_at)
+                self._taken_ms.update((r.partition, r.timestamp_ms) for r in records)
         self.seconds["decide"] += decided_at - began
         self.seconds["commit"] += committed_at - decided_at
         self.seconds["apply"] += time.perf_counter() - committed_at
@@ -333,6 +362,27 @@ class Worker:
         self._set_status("draining")
         engine_log.pause(list(self._owned))
         self._hand_over(engine_log, set(self._owned), self.settings.stop_timeout)
+
+    # -- metrics ----------------------------------------------------------------------
+    def _serve_metrics(self) -> None:
+        s = self.settings
+        try:
+            self._metrics_server = serve(self.metrics.registry, s.metrics_host, s.metrics_port)
+        except OSError as exc:  # the port is taken, say: one line that says so
+            where = f"{s.metrics_host}:{s.metrics_port}"
+            raise ConfigError(f"cannot serve metrics on {where}: {exc}") from exc
+        if self._metrics_server is not None:
+            log.info("metrics on http://%s:%d/metrics", s.metrics_host, self._metrics_server.port)
+
+    def _figures(self, engine_log: EngineLog) -> Snapshot:
+        """The per-partition figures now (no request to Kafka: cheap at every turn)."""
+        lag = engine_log.lag({p: self._owned.position(p) for p in self._owned})
+        wall_ms = time.time() * 1000
+        age = {
+            p: (wall_ms - self._taken_ms.get(p, self._owned.since(p))) / 1000 if n else 0.0
+            for p, n in lag.items()
+        }
+        return Snapshot(lag, age, len(self._inbox.timers), len(self._owned))
 
     # -- health, stuck workflow code ---------------------------------------------------
     def _set_status(self, status: str) -> None:

@@ -151,6 +151,10 @@ class MemoryLog(Transactions):
     def end_offsets(self, partitions: list[int]) -> dict[int, int]:
         return {p: len(self.cluster.records(self.topics.commands, p)) for p in partitions}
 
+    def lag(self, positions: Mapping[int, int]) -> dict[int, int]:
+        ends = self.end_offsets(list(positions))
+        return {p: max(0, ends[p] - self.positions.get(p, positions[p])) for p in positions}
+
     def read_journal(
         self, start: Mapping[int, int], stopping: Callable[[], bool]
     ) -> Iterator[LogRecord]:

@@ -53,9 +53,11 @@ def spawn_worker(
     instance: str,
     step_log: Path | None = None,
     app: str = "tests.kafka.flows:app",
+    args: tuple[str, ...] = (),
     **env: str,
 ) -> subprocess.Popen[bytes]:
-    """An engine instance in its own process, running ``app`` (tests.kafka.flows:app)."""
+    """An engine instance in its own process, running ``app`` (tests.kafka.flows:app), with
+    more ``args`` for `runstream worker`."""
     full_env = {
         **os.environ,
         "RUNSTREAM_TEST_NS": ns,
@@ -79,6 +81,7 @@ def spawn_worker(
                 str(state_dir),
                 "--partitions",
                 str(PARTITIONS),
+                *args,
             ],
             env=full_env,
             cwd=ROOT,

@@ -87,6 +87,7 @@ cli.add_command(ui)
 @click.argument("target")
 @options.engine_options
 @options.bootstrap
+@options.log_format
 @click.option(
     "--supervise/--no-supervise",
     default=True,

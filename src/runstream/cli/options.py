@@ -88,26 +88,56 @@ ENGINE_FIELDS = (
     "activation_budget",
     "max_record_bytes",
     "connect_timeout",
+    "metrics_port",
+    "metrics_host",
 )
 _RENAMED = {"instance_id": "instance", "step_concurrency": "concurrency"}
+
+
+def _log_format(_ctx: click.Context, _param: click.Parameter, value: str) -> None:
+    if value == "json":  # the group set logging up before this option's callback runs
+        from runstream.jsonlog import use_json_logs
+
+        use_json_logs()
+
+
+log_format = click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    envvar="RUNSTREAM_LOG_FORMAT",
+    expose_value=False,
+    callback=_log_format,
+    help="json: one JSON object per log line, with run_id where it applies "
+    "(default: $RUNSTREAM_LOG_FORMAT).",
+)
 
 
 def engine_options(fn: F) -> F:
     """One ``--option`` per engine setting (unset ones come from the environment);
     ``--kafka-config`` comes with `bootstrap`."""
     for name in reversed(ENGINE_FIELDS):
-        field = Settings.model_fields[name]
-        flag = "--" + _RENAMED.get(name, name).replace("_", "-")
-        kind = field.annotation
-        if kind is bool:
-            off = "--no-" + flag[2:]
-            fn = click.option(f"{flag}/{off}", name, default=None, help=field.description)(fn)
-            continue
-        ptype: Any = {int: int, float: float, Path: click.Path(path_type=Path)}.get(kind)  # type: ignore[arg-type]
-        if kind == int | None:
-            ptype = int
-        fn = click.option(flag, name, type=ptype, default=None, help=field.description)(fn)
+        fn = _setting_option(name)(fn)
     return fn
+
+
+def metrics(fn: F) -> F:
+    """``--metrics-port`` and ``--metrics-host``, as `engine_options` declares them."""
+    return _setting_option("metrics_port")(_setting_option("metrics_host")(fn))
+
+
+def _setting_option(name: str) -> Callable[[F], F]:
+    field = Settings.model_fields[name]
+    flag = "--" + _RENAMED.get(name, name).replace("_", "-")
+    kind = field.annotation
+    if kind is bool:
+        off = "--no-" + flag[2:]
+        return click.option(f"{flag}/{off}", name, default=None, help=field.description)
+    ptype: Any = {int: int, float: float, Path: click.Path(path_type=Path)}.get(kind)  # type: ignore[arg-type]
+    if kind == int | None:
+        ptype = int
+    return click.option(flag, name, type=ptype, default=None, help=field.description)
 
 
 def engine_settings(values: dict[str, Any]) -> Settings:

@@ -39,7 +39,9 @@ def tasks() -> None:
     show_default=True,
     help="Seconds the running bodies get to finish at a stop (a second signal does not wait).",
 )
+@options.metrics
 @options.bootstrap
+@options.log_format
 def serve(
     target: str, group: str, concurrency: int, prefetch: int, grace: float, **values: Any
 ) -> None:

@@ -86,6 +86,7 @@ class ActivationBudget:
                         "workflow code of run %s overran its %gs budget; interrupting it",
                         run_id,
                         self.seconds,
+                        extra={"run_id": run_id},
                     )
                     _raise_in(thread_id, Overrun)
                     self._current = (thread_id, run_id, started, now)
@@ -93,7 +94,9 @@ class ActivationBudget:
                     stuck, self._current = run_id, None
             if stuck is not None:
                 log.critical(
-                    "workflow code of run %s is blocked in a call that cannot be interrupted", stuck
+                    "workflow code of run %s is blocked in a call that cannot be interrupted",
+                    stuck,
+                    extra={"run_id": stuck},
                 )
                 if self.on_stuck is not None:
                     self.on_stuck(stuck)

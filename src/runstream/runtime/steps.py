@@ -106,6 +106,7 @@ def _call_with_timeout(job: StepJob, timeout: float, kwargs: dict[str, Any]) -> 
                 job.run_id,
                 job.attempt,
                 timeout,
+                extra={"run_id": job.run_id},
             )
 
     thread = threading.Thread(target=body, name=f"step-{job.step.name}", daemon=True)

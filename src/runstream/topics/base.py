@@ -60,6 +60,12 @@ class EngineLog(Protocol):
         """The end of each commands partition now: what a former owner may have read."""
         ...
 
+    def lag(self, positions: Mapping[int, int]) -> dict[int, int]:
+        """Commands of each partition past the consumer's position (``positions[p]``
+        before it took any), as of its last fetch; a partition not fetched yet is left
+        out. No request, so it never blocks."""
+        ...
+
     def read_journal(
         self, start: Mapping[int, int], stopping: Callable[[], bool]
     ) -> Iterator[LogRecord]: ...

@@ -397,6 +397,15 @@ class KafkaLog(Transactions):
 
         return self._asking("get_watermark_offsets", "reading the commands' end offsets", ask)
 
+    def lag(self, positions: Mapping[int, int]) -> dict[int, int]:
+        out = {}
+        for tp in self._consumer.position(self._tps(positions)):
+            high = self._consumer.get_watermark_offsets(tp, cached=True)[1]
+            position = tp.offset if tp.offset >= 0 else positions[tp.partition]
+            if high >= 0:  # fetched (OFFSET_INVALID is negative)
+                out[tp.partition] = max(0, high - position)
+        return out
+
     def read_journal(
         self, start: Mapping[int, int], stopping: Callable[[], bool]
     ) -> Iterator[LogRecord]:
