@@ -252,8 +252,9 @@ def time_ms(value: When) -> int:
 
 def journal(run_id: str, ns: str, settings: Settings, base: Path | None) -> list[Record]:
     """The run's facts, read from its journal partition: from a little before its first
-    lifecycle event when the cached model knows it, else from the start; up to its end
-    fact."""
+    lifecycle event when the cached model knows it, else from the start; up to the end
+    fact of its last lifecycle event the model knows (a failed run may be retried: an end
+    fact is not always its last), else to the partition's end."""
     source = reader(settings, Topics(ns).journal)
     codec, key, facts = Codec.default(), run_id.encode(), []
     try:
@@ -262,9 +263,9 @@ def journal(run_id: str, ns: str, settings: Settings, base: Path | None) -> list
             raise no_namespace(ns, settings, Topics(ns).journal)
         p = partition_for(key, len(layout.bounds))
         start = layout.bounds[p][0]
-        first_ms = _first_seen(model_path(base, settings.bootstrap(), ns), run_id)
-        if first_ms is not None:
-            start = source.offset_at(p, first_ms - _HISTORY_SLACK_MS) or start
+        seen = _seen(model_path(base, settings.bootstrap(), ns), run_id)
+        if seen is not None:
+            start = source.offset_at(p, seen[0] - _HISTORY_SLACK_MS) or start
         for records, _ in source.read({p: start}):
             for rec in records:
                 if rec.key != key:
@@ -274,15 +275,16 @@ def journal(run_id: str, ns: str, settings: Settings, base: Path | None) -> list
                 except DecodeError:
                     continue
                 facts.append(fact)
-                if type(fact) in END_FACTS:  # nothing follows a run's end
-                    return facts
+                if type(fact) in END_FACTS and seen and getattr(fact, "at_ms", 0) >= seen[1]:
+                    return facts  # its last end the model knows of
     finally:
         source.close()
     return facts
 
 
-def _first_seen(path: Path, run_id: str) -> int | None:
-    """When the cached runs model first saw ``run_id`` (no catch-up); None if it did not."""
+def _seen(path: Path, run_id: str) -> tuple[int, int] | None:
+    """When the cached runs model first and last saw ``run_id`` (no catch-up); None if
+    it did not."""
     if not path.exists():
         return None
     try:
@@ -291,7 +293,7 @@ def _first_seen(path: Path, run_id: str) -> int | None:
         return None
     try:
         events = model.events(run_id)
-        return events[0].at_ms if events else None
+        return (events[0].at_ms, events[-1].at_ms) if events else None
     finally:
         model.close()
 

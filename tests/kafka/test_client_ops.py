@@ -129,3 +129,29 @@ def test_cancel_where_cancels_the_matching_runs_and_refuses_what_it_cannot_do(
             assert client.get_run("w-0").reason == "clean up"
     finally:
         worker.stop()
+
+
+def test_history_of_a_run_that_failed_and_was_retried_goes_on_past_its_failure(
+    kafka_bootstrap, ns, tmp_path
+):
+    """The journal reader stopped at a run's first end fact, so the history (and `runs
+    history`, and the dashboard's timeline) of a run that failed and was retried ended at
+    its failure."""
+    ensure_topics(kafka_bootstrap, ns, PARTITIONS)
+    cache = tmp_path / "cache"
+    worker = ThreadWorker(make_app(ns, kafka_bootstrap), tmp_path / "state")
+    try:
+        with runstream.Client(ns, kafka_bootstrap) as client:
+            client.start("approval", run_id="again-1", timeout=2)
+            with pytest.raises(runstream.RunTimedOut):
+                client.result("again-1", timeout=60)
+            client.retry("again-1")
+            wait_for(lambda: client.get_run("again-1").status == "running", timeout=60)
+            client.signal("again-1", "approve", "ann")
+            assert client.result("again-1", timeout=60) == {"approved": True, "by": "ann"}
+            names = [f.type for f in client.history("again-1", cache_dir=cache)]
+            assert names.index("RunFailed") < names.index("RunRetried") < names.index(
+                "RunCompleted"
+            )
+    finally:
+        worker.stop()
