@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -20,9 +21,10 @@ _OPTION_OF = {"bootstrap_servers": "bootstrap", "kafka": "kafka_config"}
 
 
 def _default(field: Any) -> str:
-    if field.default_factory is not None:
-        return f"`{field.default_factory()!r}`"
-    return "none" if field.default is None else f"`{field.default}`"
+    value = field.default_factory() if field.default_factory is not None else field.default
+    if value is None:
+        return "none"
+    return f"`{json.dumps(value) if isinstance(value, str | dict) else value}`"
 
 
 def settings_table() -> str:
@@ -31,16 +33,14 @@ def settings_table() -> str:
 
     options = {p.name: p.opts[0] for p in worker.params if p.opts[0].startswith("--")}
     rows = [
-        "| setting | environment | `runstream worker` | default | what |",
-        "|---|---|---|---|---|",
+        "| setting | environment, `runstream worker` option | default | what |",
+        "|---|---|---|---|",
     ]
     for name, field in Settings.model_fields.items():
         option = options.get(_OPTION_OF.get(name, name))
-        env = f"`RUNSTREAM_{name.upper()}`"
-        rows.append(
-            f"| `{name}` | {env} | {f'`{option}`' if option else ''} | {_default(field)} "
-            f"| {(field.description or '').replace('|', '&#124;')} |"
-        )
+        where = f"`RUNSTREAM_{name.upper()}`" + (f"<br>`{option}`" if option else "")
+        what = (field.description or "").replace("|", "&#124;")
+        rows.append(f"| `{name}` | {where} | {_default(field)} | {what} |")
     return "\n".join(rows)
 
 
