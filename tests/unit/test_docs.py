@@ -26,6 +26,9 @@ def test_the_docs_build_strictly(tmp_path: Path) -> None:
     assert (tmp_path / "reference" / "cli" / "index.html").exists()
     settings = (tmp_path / "reference" / "settings" / "index.html").read_text()
     assert "RUNSTREAM_HISTORY_MAX_BYTES" in settings  # the generated table is there
+    codes = (DOCS / "reference" / "codes.md").read_text()
+    for table in ("failure", "dead-letter", "lifecycle"):  # the tables the hook checks
+        assert f"<!-- codes: {table} -->" in codes
 
 
 def test_every_file_function_the_docs_name_exists() -> None:
