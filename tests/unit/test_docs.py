@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import runstream
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 # `runstream/worker.py::Worker.run`: a file under src/ and a dotted name in it.
@@ -43,3 +45,14 @@ def test_every_file_function_the_docs_name_exists() -> None:
         if target is None:
             missing.append(f"{path}::{dotted}")
     assert not missing, missing
+
+
+def test_every_runstream_name_the_docs_use_exists() -> None:
+    schemas = ROOT / "src" / "runstream" / "schemas"
+    text = "".join(page.read_text() for page in DOCS.rglob("*.md"))
+    names = set(re.findall(r"runstream\.([A-Z]\w*)", text))
+    assert {"App", "Client", "Context", "Settings", "RunTimedOut"} <= names
+    for name in sorted(names):
+        # an Avro record's full name (runstream.StartRun) or a name users import
+        avro = (schemas / f"runstream.{name}.avsc").exists()
+        assert avro or hasattr(runstream, name), f"the docs name runstream.{name}"
