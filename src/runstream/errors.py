@@ -111,7 +111,7 @@ class KafkaNotAuthorized(RunstreamError):
     def __init__(self, bootstrap: str, principal: str, what: str, cause: str) -> None:
         super().__init__(
             f"Kafka at {bootstrap} refused {principal} access to {what} ({cause}); grant "
-            "it the ACLs of its role (README: Security, ACLs per role)"
+            "it the ACLs of its role (docs/guides/security.md: ACLs per role)"
         )
         self.bootstrap, self.principal, self.what = bootstrap, principal, what
 

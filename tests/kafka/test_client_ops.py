@@ -150,8 +150,8 @@ def test_history_of_a_run_that_failed_and_was_retried_goes_on_past_its_failure(
             client.signal("again-1", "approve", "ann")
             assert client.result("again-1", timeout=60) == {"approved": True, "by": "ann"}
             names = [f.type for f in client.history("again-1", cache_dir=cache)]
-            assert names.index("RunFailed") < names.index("RunRetried") < names.index(
-                "RunCompleted"
+            assert (
+                names.index("RunFailed") < names.index("RunRetried") < names.index("RunCompleted")
             )
     finally:
         worker.stop()

@@ -1,6 +1,6 @@
 """SASL_SSL with ACLs: a private broker (SCRAM-SHA-512 over TLS, StandardAuthorizer) that this
 module starts on free loopback ports, never the shared one. The ACLs each role gets are read
-from the README's table, so the README says what works."""
+from the security guide's table (docs/guides/security.md), so the guide says what works."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("java") is None, reason="needs Java 17+"),
 ]
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-#: The README's roles, and the principal this module gives each.
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "security.md"
+#: The guide's roles, and the principal this module gives each.
 USERS = {
     "engine": "engine",
     "task worker": "worker",
@@ -56,11 +56,11 @@ PATTERNS = {"prefixed": ResourcePatternType.PREFIXED, "literal": ResourcePattern
 
 
 def readme_acls(ns: str) -> list[AclBinding]:
-    """The README's ACL table for namespace ``ns``, one binding per role, resource and
+    """The guide's ACL table for namespace ``ns``, one binding per role, resource and
     operation, for the principal of each role."""
-    table = README.read_text().split("<!-- acls:")[1].split("<!-- /acls -->")[0]
+    table = GUIDE.read_text().split("<!-- acls:")[1].split("<!-- /acls -->")[0]
     rows = [line for line in table.splitlines() if line.startswith("| ")][1:]  # no header
-    assert rows, "the README's ACL table is empty"
+    assert rows, "the guide's ACL table is empty"
     out = []
     for row in rows:
         role, resource, pattern, operations = (c.strip() for c in row.strip("|").split("|"))

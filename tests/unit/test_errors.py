@@ -19,8 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = Path(runstream.__file__).parent / "schemas"
 
 
-def test_every_runstream_name_in_the_readme_exists():
-    names = set(re.findall(r"runstream\.([A-Z]\w*)", (ROOT / "README.md").read_text()))
+def test_every_runstream_name_in_the_readme_and_the_docs_exists():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    text = "\n".join(p.read_text() for p in pages)
+    names = set(re.findall(r"runstream\.([A-Z]\w*)", text))
     assert {"ChildFailed", "EventTimeout", "RunTimedOut"} <= names
     for name in sorted(names):
         # an Avro record's full name (runstream.StartRun) or a name users import

@@ -1,6 +1,6 @@
 """The public lifecycle stream: one event per fact worth telling the outside world.
 
-Documented in the README as a contract; the record is LifecycleEvent.avsc.
+Documented in docs/reference/codes.md as a contract; the record is LifecycleEvent.avsc.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ DEFAULT_MAX_RECORD = 1_000_000
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """The size limits of one namespace (see the README section "Limits")."""
+    """The size limits of one namespace (docs/reference/limits.md)."""
 
     max_record: int = DEFAULT_MAX_RECORD  # the largest record every topic and producer take
     text: int = 8 * 1024  # error, traceback and reason texts are clipped to this many chars

@@ -38,7 +38,7 @@ TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.
 
 
 class Kind(StrEnum):
-    """The ``type`` of a LifecycleEvent (README: "The lifecycle stream")."""
+    """The ``type`` of a LifecycleEvent (docs/reference/codes.md: lifecycle events)."""
 
     RUN_STARTED = "run.started"
     RUN_SUSPENDED = "run.suspended"

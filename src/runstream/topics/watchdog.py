@@ -9,7 +9,7 @@ which aborts the open transaction. After a stop request (SIGTERM) a call may blo
 stop never waits on a broker that is gone, and the transactions that record the steps
 still running at the stop each get the grace.
 
-Exit statuses (documented in the README):
+Exit statuses (documented in docs/guides/deploying.md):
 """
 
 from __future__ import annotations
