@@ -18,7 +18,7 @@ from typing import Any
 
 # The harness (and with it runstream) is imported only when a workload runs, so that
 # `compare`, which only starts subprocesses, does not load the engine's code.
-WORKLOADS = ("floor", "W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9")
+WORKLOADS = ("floor", "W1", "W2", "W3", "W3b", "W4", "W5", "W6", "W7", "W8", "W9")
 
 
 def _functions() -> dict[str, Callable[..., Any]]:
@@ -29,6 +29,7 @@ def _functions() -> dict[str, Callable[..., Any]]:
         "W1": workloads.w1,
         "W2": workloads.w2,
         "W3": workloads.w3,
+        "W3b": workloads.w3b,
         "W4": workloads.w4,
         "W5": workloads.w5,
         "W6": workloads.w6,
@@ -124,7 +125,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _workload(value: str) -> str:
-    return value if value in ("floor", "all") else value.upper()
+    """``w3b`` is W3b: workload names are case-blind."""
+    return next((w for w in (*WORKLOADS, "all") if w.lower() == value.lower()), value)
 
 
 def main(argv: list[str] | None = None) -> int:

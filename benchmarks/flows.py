@@ -42,6 +42,12 @@ async def wait_signal(ctx: runstream.Context) -> object:
     return await ctx.wait_for_signal("go")
 
 
+@app.workflow
+async def wait_promise(ctx: runstream.Context) -> object:
+    """W3b: create a durable promise, then complete with its value."""
+    return await ctx.promise()
+
+
 def _log(line: str) -> None:
     path = os.environ.get("RUNSTREAM_BENCH_STEP_LOG")
     if path:

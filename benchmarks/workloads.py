@@ -11,13 +11,14 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import runstream
 from runstream.engine import payload
+from runstream.schemas.records import promise_id
 
 from .harness import (
     RESULTS,
@@ -345,37 +346,71 @@ def warm_broker(bench: Bench, seconds: float) -> None:
 
 
 def w3(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
+    return _round_trip(
+        bench,
+        args,
+        argv,
+        "W3",
+        "signal",
+        "wait_signal: await ctx.wait_for_signal('go'), return it",
+        lambda client, rid, seq, i: client.signal(rid, "go", i),
+    )
+
+
+def w3b(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
+    """W3 with a durable promise resolved by a client (Restate's awakeable, W3b)."""
+    return _round_trip(
+        bench,
+        args,
+        argv,
+        "W3b",
+        "promise",
+        "wait_promise: p = ctx.promise(); return await p",
+        lambda client, rid, seq, i: client.resolve(promise_id(rid, seq), i),
+    )
+
+
+def _round_trip(
+    bench: Bench,
+    args: Any,
+    argv: list[str],
+    name: str,
+    what: str,
+    workflow: str,
+    send: Callable[[runstream.Client, str, int, int], object],
+) -> tuple[dict[str, Any], str]:
     runs = args.runs or 100
     warmup = 10 if args.warmup is None else args.warmup
-    record = base_record(bench, "W3", "signal round trip", argv)
+    record = base_record(bench, name, f"{what} round trip", argv)
     record["instances"] = 1
     record["params"] = {
         "runs": runs,
         "warmup": warmup,
         "repeat": args.repeat,
-        "workflow": "wait_signal: await ctx.wait_for_signal('go'), return it",
+        "workflow": workflow,
         "measure": "per run, sequentially: start it, wait until the lifecycle "
-        "topic shows it suspended on the signal, then perf_counter from "
-        "client.signal() (flushed) until client.result() returned",
+        f"topic shows it suspended on the {what}, then perf_counter from "
+        f"sending the {what} (flushed) until client.result() returned",
     }
     reps = []
     for r in range(args.repeat):
-        ns = bench.namespace("W3", r)
+        ns = bench.namespace(name, r)
         _settings(record, bench, ns)
         rep = _new_rep(ns, r)
         reps.append(rep)
-        tag = f"w3-{r}-"
+        tag = f"{name.lower()}-{r}-"
         lc = Lifecycle(bench.bootstrap, ns, tag.encode())
         try:
             with engines(bench, ns, rep), runstream.Client(ns, bench.bootstrap) as client:
                 lat, engine_ms, wrong = [], [], 0
                 for i in range(warmup + runs):
-                    rid = client.start("wait_signal", None, run_id=f"{tag}{i}")
+                    rid = client.start(workflow.split(":")[0], None, run_id=f"{tag}{i}")
                     if not lc.wait_run("suspended", rid, 30):
-                        raise BenchError(f"run {rid} never suspended on its signal")
+                        raise BenchError(f"run {rid} never suspended on its {what}")
+                    seq = 1  # wait_promise's promise is its first operation
                     sent_ms = time.time() * 1000
                     t0 = time.perf_counter()
-                    client.signal(rid, "go", i)
+                    send(client, rid, seq, i)
                     out = client.result(rid, timeout=60)
                     dt = (time.perf_counter() - t0) * 1000
                     wrong += out != i
@@ -385,12 +420,12 @@ def w3(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
                         if rid in lc.terminal:
                             engine_ms.append(lc.terminal[rid][1]["at_ms"] - sent_ms)
                 rep["round_trip_ms"] = latency_stats(lat)
-                rep["signal_to_completed_fact_ms"] = latency_stats(engine_ms)
+                rep[f"{what}_to_completed_fact_ms"] = latency_stats(engine_ms)
                 rep["wrong_results"] = wrong
         finally:
             lc.stop()
         log(
-            f"W3 repeat {r + 1}: p50 {rep['round_trip_ms']['p50']:.1f} ms, "
+            f"{name} repeat {r + 1}: p50 {rep['round_trip_ms']['p50']:.1f} ms, "
             f"p99 {rep['round_trip_ms']['p99']:.1f} ms"
         )
     _record_common(record, reps)
@@ -400,7 +435,7 @@ def w3(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
     record["summary"] = {"round_trip_ms": summary}
     record = finish_record(record)
     line = (
-        f"W3: signal round trip p50 {fmt_spread(summary['p50'], ' ms')}, "
+        f"{name}: {what} round trip p50 {fmt_spread(summary['p50'], ' ms')}, "
         f"p99 {fmt_spread(summary['p99'], ' ms')}; {runs} runs x {args.repeat}"
     )
     return record, line

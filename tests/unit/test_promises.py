@@ -382,3 +382,14 @@ def test_a_completion_while_the_sending_step_still_runs_starts_nothing_again():
     c.run_step(c.queued.pop())
     assert payload.loads(c.state("r").output) == "fast" and sent == ["r/promise/1"]
     clean(c, "r")
+
+
+def test_a_run_awaiting_its_promise_says_so_on_the_lifecycle_stream():
+    """An await records no fact, so nothing told the runs model, the dashboard or a
+    benchmark that the run waits for its promise (a signal wait says so)."""
+    c = core()
+    c.start("r", "approval")
+    suspended = [e for e in c.lifecycle if e.type == "run.suspended" and e.run_id == "r"]
+    assert [e.reason for e in suspended] == ["waiting for promise 'r/promise/1'"]
+    resolve(c, sent[0], {"ok": True})
+    assert c.state("r").status == "completed"

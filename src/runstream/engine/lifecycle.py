@@ -29,7 +29,22 @@ from runstream.schemas.records import (
     StepHandedOver,
     StepStarted,
     TimerScheduled,
+    promise_id,
 )
+
+
+def awaiting_promise(state: RunState, seq: int, now: int) -> LifecycleEvent:
+    """The run waits for its durable promise ``seq`` (an await records no fact)."""
+    return LifecycleEvent(
+        Kind.RUN_SUSPENDED,
+        state.run_id,
+        at_ms=now,
+        workflow=state.workflow,
+        version=state.version,
+        status=state.status,
+        seq=seq,
+        reason=f"waiting for promise {promise_id(state.run_id, seq)!r}",
+    )
 
 
 def event(fact: Fact, state: RunState) -> LifecycleEvent | None:

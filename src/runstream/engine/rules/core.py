@@ -179,8 +179,8 @@ def _follow(ctx: Rules, b: Batch, st: RunState, result: Replay, relaunch: frozen
             emit(b, st, SignalAwaited(run_id, now, seq=seq, name=name, timeout_at_ms=timeout_at))
         case Blocked(ChildCall() as call):
             return children.start_child(ctx, b, st, call)
-        case Blocked(PromiseWait()):
-            pass  # its PromiseCreated is recorded: its completion or timeout goes on
+        case Blocked(PromiseWait(seq)):  # its PromiseCreated is recorded: no fact, but say so
+            b.effects.lifecycle.append(lifecycle.awaiting_promise(st, seq, now))
         case Blocked(EventWait(seq, name, key, timeout)):
             if seq not in st.pending:
                 timeout_at = None if timeout is None else now + int(timeout * 1000)
