@@ -53,7 +53,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 ARCHIVE = RESULTS / "compare"
 SYSTEMS = ("runstream", "restate", "dbos")
 NAMES = {"runstream": "Runstream", "restate": "Restate", "dbos": "DBOS"}
-RUNSTREAM_WORKLOADS = ("floor", "W1", "W2", "W3", "W4")
+RUNSTREAM_WORKLOADS = ("floor", "W1", "W2", "W3", "W3b", "W4")
 PORTS = {"runstream": (), "restate": (8080, 9070, 5122, 9080), "dbos": (5432,)}
 STABILITY_GOAL = 0.15  # the spread across rounds the figures should stay within
 PR_SET_CHILD_SUBREAPER = 36
@@ -546,7 +546,7 @@ def leg_runstream(ctx: Ctx, rnd: int, dest: Path) -> dict[str, Any]:
 
 
 def runstream_figures(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    w1, w2, w3, w4, fl = (data.get(k) or {} for k in (*RUNSTREAM_WORKLOADS[1:], "floor"))
+    w1, w2, w3, w3b, w4, fl = (data.get(k) or {} for k in (*RUNSTREAM_WORKLOADS[1:], "floor"))
     reps4 = dig(w4, "repeats") or []
     engine, broker = dig(w2, "peak_rss_mb", "engine"), dig(w2, "peak_rss_mb", "broker")
     f = {
@@ -555,6 +555,8 @@ def runstream_figures(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "W2_runs_per_s": dig(w2, "summary", "runs_per_s", "median"),
         "W3_p50": dig(w3, "summary", "round_trip_ms", "p50", "median"),
         "W3_p99": dig(w3, "summary", "round_trip_ms", "p99", "median"),
+        "W3b_p50": dig(w3b, "summary", "round_trip_ms", "p50", "median"),
+        "W3b_p99": dig(w3b, "summary", "round_trip_ms", "p99", "median"),
         "W4_lost": total([r.get("runs_lost") for r in reps4]),
         "W4_dup": total([r.get("duplicated_step_executions") for r in reps4]),
         "W4_runs": total([r.get("runs") for r in reps4]),
@@ -669,6 +671,8 @@ def restate_figures(run: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dic
         "W2_runs_per_s": {"main": median([r.get("runs_per_s") for r in w2])},
         "W3_p50": {"promise (W3)": rt(w3, "p50"), "awakeable (W3b)": rt(w3b, "p50")},
         "W3_p99": {"promise (W3)": rt(w3, "p99"), "awakeable (W3b)": rt(w3b, "p99")},
+        "W3b_p50": {"awakeable": rt(w3b, "p50")},
+        "W3b_p99": {"awakeable": rt(w3b, "p99")},
         "W4_lost": {"main": total([r.get("runs_lost") for r in w4])},
         "W4_dup": {"main": total([r.get("duplicate_step_executions") for r in w4])},
         "W4_runs": {"main": total([r.get("runs") for r in w4])},
@@ -771,6 +775,8 @@ FIGURES = (
     Figure("W2_runs_per_s", "W2 throughput", "runs/s", "higher", 0),
     Figure("W3_p50", "W3 signal round trip p50", "ms", "lower"),
     Figure("W3_p99", "W3 signal round trip p99", "ms", "lower"),
+    Figure("W3b_p50", "W3b promise (awakeable) resolved by a client, p50", "ms", "lower"),
+    Figure("W3b_p99", "W3b promise (awakeable) resolved by a client, p99", "ms", "lower"),
     Figure("W4_lost", "W4 runs lost", "", "lower", 0, count="of"),
     Figure("W4_dup", "W4 re-run (duplicated) step executions", "", "lower", 0, count="in"),
     Figure("W4_restart_s", "W4 restart → all completed", "s", "lower", 2),
