@@ -40,7 +40,7 @@ from runstream.engine.work import LogRecord
 from runstream.engine.workflow import SourceDef, seconds
 from runstream.errors import DecodeError, SchemaError
 from runstream.schemas.codec import Codec
-from runstream.schemas.records import DeadLetter, PublishEvent, Reason, correlation_id
+from runstream.schemas.records import DeadLetter, Event, PublishEvent, Reason, correlation_id
 from runstream.settings import Settings
 from runstream.supervisor import stop_on_signals
 from runstream.topics.base import TransactionAborted
@@ -147,19 +147,22 @@ def _decoded(rec: LogRecord, source: SourceDef) -> tuple[str, str, bytes, None, 
 
 def _envelope(rec: LogRecord, codec: Codec) -> tuple[str, str, bytes, str | None, int]:
     """A record of ``<ns>.events``: a JSON object ``{"name", "key", "payload",
-    "event_id", "ttl"}``, or a `PublishEvent` in Avro single-object encoding."""
+    "event_id", "ttl"}``, or a `PublishEvent` (or a keyless `Event`) in Avro
+    single-object encoding."""
     raw = rec.value or b""
     if raw[:2] == b"\xc3\x01":
         try:
             cmd = codec.decode(raw)
         except DecodeError as exc:
             raise _Refused(Reason.UNDECODABLE, str(exc)) from None
-        if not isinstance(cmd, PublishEvent):
-            raise _Refused(Reason.NOT_A_COMMAND, f"a {cmd.AVRO}, not a PublishEvent")
+        if not isinstance(cmd, PublishEvent | Event):
+            raise _Refused(Reason.NOT_A_COMMAND, f"a {cmd.AVRO}, not a PublishEvent or an Event")
         try:
             json.loads(cmd.payload)
         except ValueError:
             raise _Refused(Reason.UNDECODABLE, "its payload is not UTF-8 JSON") from None
+        if isinstance(cmd, Event):  # the older schema declared for this topic: no key
+            return cmd.name, "", cmd.payload, cmd.event_id or None, 0
         return cmd.name, cmd.key, cmd.payload, cmd.event_id or None, cmd.ttl_ms
     try:
         doc = json.loads(raw)

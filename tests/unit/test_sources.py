@@ -13,7 +13,7 @@ from runstream.engine.limits import Limits
 from runstream.engine.partitioner import partition_for
 from runstream.engine.work import LogRecord
 from runstream.schemas.codec import Codec
-from runstream.schemas.records import DeadLetter, PublishEvent, Reason, correlation_id
+from runstream.schemas.records import DeadLetter, Event, PublishEvent, Reason, correlation_id
 from runstream.sources import Routed, route
 from runstream.topics.spec import Topics
 
@@ -165,6 +165,14 @@ def test_an_events_record_may_be_a_single_object_publish_event():
         ttl_ms=5,
         sent_at_ms=5555,
     )
+
+
+def test_an_events_record_may_be_an_avro_event_without_a_key():
+    sent = Event("tick", b"[1]", event_id="e-2")
+    record = _route(_rec("shop.events", CODEC.encode(sent))).record
+    assert isinstance(record, PublishEvent)
+    assert (record.run_id, record.key, record.event_id) == (correlation_id("tick", ""), "", "e-2")
+    assert (record.payload, record.ttl_ms) == (b"[1]", 0)
 
 
 @pytest.mark.parametrize(
