@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import runstream
@@ -23,8 +23,22 @@ from runstream.audit.reader import audit
 from runstream.cli.sources_cmd import status
 from runstream.sources import SourceForwarder
 from runstream.topics.admin import client_config, ensure_topics
+from runstream.topics.base import TransactionAborted
+from runstream.topics.sourcelog import SourceLog, open_source_log
+from runstream.topics.spec import Topics
+from runstream.topics.watchdog import Watchdog
 
-from .kit import PARTITIONS, ROOT, ThreadWorker, kill, read_topic, results, spawn_worker, wait_for
+from .kit import (
+    PARTITIONS,
+    ROOT,
+    ThreadWorker,
+    kill,
+    read_topic,
+    results,
+    spawn_worker,
+    terminate,
+    wait_for,
+)
 from .source_app import make_app
 
 pytestmark = pytest.mark.kafka
@@ -226,6 +240,7 @@ def test_each_record_is_one_event_and_each_run_starts_once_across_sigkills(
             f"fulfil:o-{i}": {"order": f"o-{i}", "carrier": f"c-{i % 3}"} for i in range(N)
         }
         wait_for(lambda: _status(kafka_bootstrap, ns)["lag"] == 0, 60, what="lag 0")
+        assert terminate(forwarder) == 0  # SIGTERM: stopped on request
     finally:
         for proc in (forwarder, engine):
             if proc.poll() is None:
@@ -245,3 +260,74 @@ def test_each_record_is_one_event_and_each_run_starts_once_across_sigkills(
     assert read_topic(kafka_bootstrap, f"{ns}.dlq") == []
     report = audit(kafka_bootstrap, ns, expect_finished=True)
     assert report.violations == [], report.violations
+
+
+# -- the forwarder's transactions under the engine's error policy (`topics.txn`) -------
+
+
+def _source_log(bootstrap: str, ns: str) -> tuple[SourceLog, str]:
+    """A started forwarder log on a one-partition source topic holding three records."""
+    ensure_topics(bootstrap, ns, 1)
+    topic = f"{ns}-orders"
+    admin = AdminClient(client_config(bootstrap))
+    for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+        future.result()
+    team = TeamProducer(bootstrap)
+    for i in range(3):
+        team.send(topic, f"o-{i}", _order(i))
+    team.flush()
+    settings = runstream.Settings(bootstrap_servers=bootstrap)
+    sl = open_source_log(settings, Topics(ns), [topic], "i1", Watchdog(False), lambda: False)
+    assert sl is not None and sl.start(lambda: False)
+    return sl, topic
+
+
+def _poll(sl: SourceLog) -> list[int]:
+    offsets: list[int] = []
+    wait_for(lambda: offsets.extend(r.offset for r in sl.poll(0.2, 10)) or len(offsets) >= 3)
+    return offsets
+
+
+def _commands(bootstrap: str, ns: str) -> list[bytes]:
+    return [msg.value() for _, _, msg in read_topic(bootstrap, f"{ns}.commands")]
+
+
+def test_a_forwarder_transaction_whose_outcome_is_unknown_is_fenced_and_redone(kafka_bootstrap, ns):
+    sl, topic = _source_log(kafka_bootstrap, ns)
+    try:
+        assert _poll(sl) == [0, 1, 2]
+        sl.begin()
+        sl.produce(f"{ns}.commands", 0, b"k", b"first try")
+        sl.call_timeout = 0  # the offsets' request times out: its outcome is unknown
+        with pytest.raises(TransactionAborted):
+            sl.commit({(topic, 0): 3})
+        assert sl.recreations == 1 and sl.aborts == 0  # never an abort after an unknown
+        assert _commands(kafka_bootstrap, ns) == []  # fenced by the new producer's init
+        assert _poll(sl) == [0, 1, 2]  # rewound to the group's offsets
+        sl.call_timeout = 30
+        sl.begin()  # the recreated producer works
+        sl.produce(f"{ns}.commands", 0, b"k", b"second try")
+        sl.commit({(topic, 0): 3})
+        assert _commands(kafka_bootstrap, ns) == [b"second try"]
+        assert sl.committed([TopicPartition(topic, 0)]) == {(topic, 0): 3}
+    finally:
+        sl.close()
+
+
+def test_after_a_recreation_a_forwarder_commit_that_landed_is_known_as_such(kafka_bootstrap, ns):
+    sl, topic = _source_log(kafka_bootstrap, ns)
+    try:
+        assert _poll(sl) == [0, 1, 2]
+        sl.begin()
+        sl.produce(f"{ns}.commands", 0, b"k", b"landed")
+        sl.commit({(topic, 0): 2})
+        sl._recreate()  # as after a commit whose answer was lost
+        assert sl._landed()
+        sl.begin()
+        sl.produce(f"{ns}.commands", 0, b"k", b"not committed")
+        sl._sent = {(topic, 0): 3}  # as commit() records them before sending
+        sl._recreate()
+        assert not sl._landed()
+        assert _commands(kafka_bootstrap, ns) == [b"landed"]
+    finally:
+        sl.close()

@@ -4,6 +4,10 @@ and `App.source`'s registration. No broker."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,8 +19,10 @@ from runstream.engine.work import LogRecord
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import DeadLetter, Event, PublishEvent, Reason, correlation_id
 from runstream.sources import Routed, route
+from runstream.supervisor import EXIT_CANNOT_LOAD
 from runstream.topics.spec import Topics
 
+ROOT = Path(__file__).resolve().parents[2]
 TOPICS = Topics("shop")
 CODEC = Codec.default()
 
@@ -209,3 +215,22 @@ def test_a_topic_is_a_source_once_and_never_one_of_the_namespace():
         app.source("shop.events")
     with pytest.raises(runstream.errors.TopicError):
         app.source("no spaces")
+
+
+def test_a_forwarder_whose_app_cannot_be_loaded_exits_at_once_with_its_own_code(tmp_path):
+    """`runstream sources serve` under its supervisor, no broker needed: one clear line,
+    exit 78, never started again."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    argv = [sys.executable, "-m", "runstream", "sources", "serve", "no_such_module_here:app"]
+    done = subprocess.run(
+        [*argv, "--bootstrap", "127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == EXIT_CANNOT_LOAD, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "cannot load the App" in line]
+    assert len(lines) == 1 and "No module named 'no_such_module_here'" in lines[0], done.stderr
+    assert "not starting it again" in done.stderr
