@@ -70,6 +70,8 @@ class Routed:
 
 
 class _Refused(Exception):
+    """Why a record cannot become an event: its dead letter's code and reason."""
+
     def __init__(self, code: Reason, reason: str) -> None:
         super().__init__(reason)
         self.code, self.reason = code, reason
@@ -107,7 +109,7 @@ def route(
             payload=data,
             key=key,
             ttl_ms=ttl_ms,
-            sent_at_ms=rec.timestamp_ms,
+            sent_at_ms=max(rec.timestamp_ms, 0),  # -1: the record has none
         )
         try:
             value = codec.encode(cmd)
@@ -118,7 +120,8 @@ def route(
             raise _Refused(Reason.OVERSIZE, too_large)
     except _Refused as refused:
         letter = dead_letter(rec, refused.code, limits.clip(f"{where}: {refused}"), limits, now_ms)
-        return Routed(letter, topics.dlq, None, rec.key, codec.encode(letter))
+        # keyed by the original key, unless it is too large to copy (`dead_letter`)
+        return Routed(letter, topics.dlq, None, letter.key, codec.encode(letter))
     key_bytes = cmd.run_id.encode()
     return Routed(cmd, topics.commands, partition_for(key_bytes, partitions), key_bytes, value)
 

@@ -108,6 +108,12 @@ def test_a_record_that_cannot_be_decoded_or_keyed_is_dead_lettered(value, key, c
     assert (letter.key, letter.value, letter.at_ms) == (key, value, 1000)
 
 
+def test_a_dead_letter_keeps_a_large_key_out_of_its_record():
+    """A poison record with a huge key must not make a dead letter Kafka refuses."""
+    routed = _route(_rec("orders", b"{not json", key=b"k" * 500_000))
+    assert routed.key is None and _letter(routed).key is None
+
+
 def test_a_kafka_key_that_is_not_text_is_dead_lettered():
     letter = _letter(_route(_rec("payments", b"1", key=b"\xff\xfe")))
     assert letter.code == Reason.UNDECODABLE and "not UTF-8" in letter.reason
