@@ -74,8 +74,8 @@ def _topics(bootstrap: str, ns: str) -> None:
 
 
 class ThreadForwarder:
-    def __init__(self, app: runstream.App, instance: str = "f1") -> None:
-        settings = runstream.Settings(instance_id=instance, exit_on_hang=False)
+    def __init__(self, app: runstream.App, instance: str = "f1", **kw: object) -> None:
+        settings = runstream.Settings(instance_id=instance, exit_on_hang=False, **kw)
         self.forwarder = SourceForwarder(app, settings)
         self.thread = threading.Thread(target=self.forwarder.run, daemon=True)
         self.thread.start()
@@ -169,6 +169,51 @@ def test_team_records_start_runs_reach_waits_and_a_bad_one_is_dead_lettered(
     assert len(published) == 41 and set(published.values()) == {1}
     assert forwarder.forwarder.stats["forwarded"] == 41
     assert forwarder.forwarder.stats["dead_letters"] == 1
+
+
+def test_two_forwarders_share_the_sources_through_rebalances_each_record_once(
+    kafka_bootstrap, ns, tmp_path
+):
+    """A second forwarder joins while records flow, then the first leaves: the
+    partitions move twice (cooperative rebalances), and each record is still one
+    command."""
+    _topics(kafka_bootstrap, ns)
+    app = make_app(ns, kafka_bootstrap)
+    engine = ThreadWorker(app, tmp_path / "state")
+    first = ThreadForwarder(app, "f1", leave_on_stop=True, batch_size=5)
+    second = None
+    team = TeamProducer(kafka_bootstrap)
+    n = 150
+
+    def produce() -> None:
+        for i in range(n):
+            team.send(f"{ns}-orders", f"o-{i}", _order(i))
+            team.send(f"{ns}-shipments", f"o-{i}", _shipment(i))
+            time.sleep(0.02)
+        team.flush()
+
+    producing = threading.Thread(target=produce)
+    producing.start()
+    try:
+        wait_for(lambda: _committed(kafka_bootstrap, ns) >= n // 2, 60, what="some forwarded")
+        second = ThreadForwarder(app, "f2", batch_size=5)
+        wait_for(lambda: _committed(kafka_bootstrap, ns) >= n, 60, what="more forwarded")
+        first.stop()  # leaves the group: its partitions move at once
+        producing.join(60)
+        with runstream.Client(ns, kafka_bootstrap) as client:
+            outputs = _outputs(client, [f"fulfil:o-{i}" for i in range(n)], 120)
+        assert all(isinstance(o, dict) for o in outputs.values()), outputs
+        wait_for(lambda: _status(kafka_bootstrap, ns)["lag"] == 0, 60, what="lag 0")
+    finally:
+        producing.join(60)
+        for forwarder in (first, second):
+            if forwarder is not None and forwarder.thread.is_alive():
+                forwarder.stop()
+        engine.stop()
+    assert first.forwarder.stats["forwarded"] > 0 and second.forwarder.stats["forwarded"] > 0
+    commands = read_topic(kafka_bootstrap, f"{ns}.commands", timeout=60)
+    sent = Counter(r["event_id"] for name, r, _ in commands if name == "PublishEvent")
+    assert len(team.landed) == 2 * n and sent == Counter(team.landed)
 
 
 def _spawn_forwarder(bootstrap: str, ns: str, tmp_path: Path) -> subprocess.Popen[bytes]:

@@ -184,7 +184,17 @@ class SourceLog(Transactions):
         return True
 
     def poll(self, timeout: float, limit: int) -> list[LogRecord]:
-        return consume_records(self._consumer, timeout, limit, "consuming the sources")
+        """Up to ``limit`` records of the partitions assigned once the poll returns.
+
+        A rebalance runs inside the poll (librdkafka's cooperative assignment, no
+        callback): records it returned before a partition was revoked are dropped, so
+        that the partition's next owner, which starts at the committed offset, is the
+        only one to forward them."""
+        records = consume_records(self._consumer, timeout, limit, "consuming the sources")
+        if not records:
+            return records
+        owned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+        return [r for r in records if (r.topic, r.partition) in owned]
 
     # -- the transaction (what its errors mean: `topics.txn`) --------------------------
     def begin(self) -> None:
