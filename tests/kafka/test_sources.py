@@ -174,9 +174,9 @@ def test_team_records_start_runs_reach_waits_and_a_bad_one_is_dead_lettered(
 def test_two_forwarders_share_the_sources_through_rebalances_each_record_once(
     kafka_bootstrap, ns, tmp_path
 ):
-    """A second forwarder joins while records flow, then the first leaves: the
-    partitions move twice (cooperative rebalances), and each record is still one
-    command."""
+    """A second forwarder joins while records flow, then the first leaves while they
+    still flow: the partitions move twice (cooperative rebalances), and each record is
+    still one command."""
     _topics(kafka_bootstrap, ns)
     app = make_app(ns, kafka_bootstrap)
     engine = ThreadWorker(app, tmp_path / "state")
@@ -185,27 +185,32 @@ def test_two_forwarders_share_the_sources_through_rebalances_each_record_once(
     team = TeamProducer(kafka_bootstrap)
     n = 150
 
-    def produce() -> None:
-        for i in range(n):
+    def produce(start: int, stop: int) -> None:
+        for i in range(start, stop):
             team.send(f"{ns}-orders", f"o-{i}", _order(i))
             team.send(f"{ns}-shipments", f"o-{i}", _shipment(i))
             time.sleep(0.02)
         team.flush()
 
-    producing = threading.Thread(target=produce)
-    producing.start()
+    def forwarders() -> int:
+        return len(_status(kafka_bootstrap, ns)["forwarders"])
+
     try:
-        wait_for(lambda: _committed(kafka_bootstrap, ns) >= n // 2, 60, what="some forwarded")
+        produce(0, n // 3)  # the first alone
         second = ThreadForwarder(app, "f2", batch_size=5)
-        wait_for(lambda: _committed(kafka_bootstrap, ns) >= n, 60, what="more forwarded")
-        first.stop()  # leaves the group: its partitions move at once
+        producing = threading.Thread(target=produce, args=(n // 3, 2 * n // 3))
+        producing.start()  # while the second joins
+        wait_for(lambda: forwarders() == 2, 60, what="the second forwarder to join")
+        producing.join(60)
+        producing = threading.Thread(target=produce, args=(2 * n // 3, n))
+        producing.start()
+        first.stop()  # leaves the group while records flow: its partitions move at once
         producing.join(60)
         with runstream.Client(ns, kafka_bootstrap) as client:
             outputs = _outputs(client, [f"fulfil:o-{i}" for i in range(n)], 120)
         assert all(isinstance(o, dict) for o in outputs.values()), outputs
         wait_for(lambda: _status(kafka_bootstrap, ns)["lag"] == 0, 60, what="lag 0")
     finally:
-        producing.join(60)
         for forwarder in (first, second):
             if forwarder is not None and forwarder.thread.is_alive():
                 forwarder.stop()

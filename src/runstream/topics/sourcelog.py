@@ -148,6 +148,11 @@ class SourceLog(Transactions):
             "transactional.id": f"{group}.{instance_id}",
             "transaction.timeout.ms": transaction_timeout_ms,
             "linger.ms": 5,
+            # The next transaction's AddPartitions is refused until the last one's markers
+            # are written (CONCURRENT_TRANSACTIONS), then retried after a backoff that
+            # grows to 1 s by default: keep it short, as the engine does.
+            "retry.backoff.ms": 5,
+            "retry.backoff.max.ms": 20,
             "partitioner": "murmur2_random",  # dead letters, keyed by the original key
         }
         self._producer = Producer(self._producer_config)
