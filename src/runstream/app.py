@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from runstream.engine.workflow import (
     Limit,
     Registry,
+    SourceDef,
     StepPolicy,
     seconds,
     step_def,
@@ -205,6 +207,33 @@ class App:
         if burst < 1:
             raise ValueError(f"limit {name!r}: burst must be 1 or more")
         self.registry.limits[name] = Limit(name, concurrency, rate, burst)
+
+    def source(
+        self,
+        topic: str,
+        *,
+        name: str | None = None,
+        key: Callable[[Any], Any] | None = None,
+        decode: Callable[[bytes], Any] = json.loads,
+        ttl: float | str | None = None,
+    ) -> None:
+        """Make each record of Kafka topic ``topic`` (a team's own, in its own format) a
+        named event, as if `Client.publish` sent it: event ``name`` (default: the topic's
+        name), payload ``decode(value)`` (JSON by default), correlation key
+        ``key(payload)`` (default: the record's Kafka key, as text), event id
+        ``<topic>:<partition>:<offset>``, kept ``ttl`` (seconds or ``"10m"``) for waits
+        that come later. ``runstream sources serve MODULE:APP`` forwards them, exactly
+        once per record; a record that cannot be decoded or keyed is dead-lettered."""
+        from runstream.topics.spec import Topics
+
+        Topics(topic)  # a legal topic name, checked now
+        if Topics(self.namespace).family_of(topic) is not None:
+            raise ValueError(
+                f"{topic!r} is a topic of namespace {self.namespace!r}, not a source "
+                f"(the forwarder reads {self.namespace}.events always)"
+            )
+        wait = 0.0 if ttl is None else seconds(ttl)
+        self.registry.add_source(SourceDef(topic, name or topic, key, decode, wait))
 
     def task_worker(self, group: str, *, concurrency: int = 16) -> TaskWorker:
         """A task worker serving the remote steps of ``group`` (`TaskWorker.run` blocks

@@ -27,6 +27,7 @@ from runstream.cli.replay_cmd import replay_cmd
 from runstream.cli.runs_cmd import runs, versions
 from runstream.cli.runs_ops import cancel_where, resume, retry
 from runstream.cli.schedules_cmd import schedules
+from runstream.cli.sources_cmd import sources
 from runstream.cli.tasks_cmd import tasks
 from runstream.cli.tasks_status import status as tasks_status
 from runstream.cli.topics_cmd import topics
@@ -77,6 +78,7 @@ cli.add_command(versions)
 cli.add_command(replay_cmd)
 cli.add_command(dlq)
 cli.add_command(schedules)
+cli.add_command(sources)
 cli.add_command(tasks)
 cli.add_command(promise)
 tasks.add_command(tasks_status)

@@ -1,4 +1,4 @@
-"""What users declare: workflows, steps and their retry policies."""
+"""What users declare: workflows, steps and their retry policies, and event sources."""
 
 from __future__ import annotations
 
@@ -204,6 +204,19 @@ def workflow_def(
     )
 
 
+@dataclass(frozen=True)
+class SourceDef:
+    """A topic of the team's own whose records become named events (`App.source`):
+    ``decode`` turns a record's value into a JSON value, the event's payload; ``key``
+    gives its correlation key from that value (None: the record's Kafka key, as text)."""
+
+    topic: str
+    name: str  # the event name
+    key: Callable[[Any], Any] | None
+    decode: Callable[[bytes], Any]
+    ttl: float = 0.0  # seconds a wait that comes later may still receive the event
+
+
 def _version_key(v: str) -> tuple[tuple[int, int, str], ...]:
     # "10" > "9", and "1.10" > "1.9": compare numeric parts as numbers.
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"[.\-]", v))
@@ -216,6 +229,7 @@ class Registry:
     workflows: dict[str, dict[str, WorkflowDef]] = field(default_factory=dict)
     steps: dict[Callable[..., Any], StepDef] = field(default_factory=dict)
     limits: dict[str, Limit] = field(default_factory=dict)  # step queues, by name
+    sources: dict[str, SourceDef] = field(default_factory=dict)  # by topic
     _by_name: dict[str, StepDef] = field(default_factory=dict)
 
     def add_workflow(self, wf: WorkflowDef) -> None:
@@ -224,6 +238,12 @@ class Registry:
         if wf.version in versions:
             raise ValueError(f"workflow {wf.name!r} version {wf.version!r} registered twice")
         versions[wf.version] = wf
+
+    def add_source(self, sd: SourceDef) -> None:
+        """Register a source; each topic once (its records would become events twice)."""
+        if sd.topic in self.sources:
+            raise ValueError(f"topic {sd.topic!r} is registered as a source twice")
+        self.sources[sd.topic] = sd
 
     def latest(self, name: str) -> WorkflowDef:
         """The newest version of workflow ``name``. Raises WorkflowNotFound."""

@@ -9,7 +9,7 @@ ns.commands    run id       the inbox: StartRun, Signal, Cancel, StepResult, ...
 ns.journal     run id       the facts; each run's whole history (kept forever)
 ns.lifecycle   run id       public run and step lifecycle events
 ns.tasks.<g>   run id       remote step invocations for worker group ``g``
-ns.events      event name   named events for fan-out
+ns.events      any          events any service publishes (JSON), forwarded as commands
 ns.replies     client id    answers to queries
 ns.dlq         original key poison records and dead runs, never dropped
 ============== ============ ====================================================
@@ -60,7 +60,8 @@ _FAMILY_CONFIGS: dict[str, tuple[str, dict[str, str]]] = {
     ),
     "lifecycle": ("run id", {"cleanup.policy": "delete", "retention.ms": str(_WEEK_MS)}),
     "tasks": ("run id", {"cleanup.policy": "delete", "retention.ms": str(_WEEK_MS)}),
-    "events": ("event name", {"cleanup.policy": "delete", "retention.ms": str(_WEEK_MS)}),
+    # events: read by the source forwarders (`runstream.sources`), never by the engine.
+    "events": ("any", {"cleanup.policy": "delete", "retention.ms": str(_WEEK_MS)}),
     "replies": ("client id", {"cleanup.policy": "delete", "retention.ms": str(_DAY_MS)}),
     "dlq": ("original key", {"cleanup.policy": "delete", "retention.ms": "-1"}),
 }
