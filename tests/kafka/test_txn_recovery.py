@@ -153,8 +153,13 @@ class FailsOnce:
 
 @pytest.mark.parametrize(
     "code",
-    [KafkaError._TIMED_OUT, KafkaError.NOT_COORDINATOR, KafkaError.NOT_LEADER_FOR_PARTITION],
-    ids=["timed-out", "not-coordinator", "not-leader"],
+    [
+        KafkaError._TIMED_OUT,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError._UNKNOWN_PARTITION,
+    ],
+    ids=["timed-out", "not-coordinator", "not-leader", "unknown-partition"],
 )
 def test_reading_offsets_asks_again_while_a_coordinator_or_leader_moves(kafka_bootstrap, ns, code):
     """A rewind (after an aborted transaction) reads the group's committed offsets, and

@@ -125,6 +125,7 @@ TRANSIENT = frozenset(
         KafkaError.NOT_LEADER_FOR_PARTITION,
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.UNSTABLE_OFFSET_COMMIT,
+        KafkaError._UNKNOWN_PARTITION,  # the client's metadata does not know it yet
     }
 )
 
