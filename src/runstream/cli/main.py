@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import traceback
 from pathlib import Path
@@ -32,11 +31,9 @@ from runstream.cli.tasks_cmd import tasks
 from runstream.cli.tasks_status import status as tasks_status
 from runstream.cli.topics_cmd import topics
 from runstream.cli.ui_cmd import ui
-from runstream.errors import KafkaFatal, RunstreamError
+from runstream.errors import RunstreamError
 from runstream.instance import read_health
-from runstream.supervisor import EXIT_CANNOT_LOAD
 from runstream.topics.logs import LOGGER_NAME
-from runstream.topics.watchdog import EXIT_FATAL
 
 
 class _Cli(click.Group):
@@ -103,29 +100,10 @@ def worker(target: str, supervise: bool, **values: Any) -> None:
     RUNSTREAM_BATCH_SIZE, --kafka-config security.protocol=SASL_SSL is
     RUNSTREAM_KAFKA_SECURITY_PROTOCOL=SASL_SSL.
     """
-    settings = options.engine_settings(values)
-    if supervise:  # become the supervisor: a lean process that runs the engine below it
-        engine = [sys.executable, "-m", "runstream", *sys.argv[1:], "--no-supervise"]
-        grace = str(settings.stop_timeout + 5)
-        os.execv(
-            sys.executable, [sys.executable, "-m", "runstream.supervisor", grace, "--", *engine]
-        )
-    from runstream.app import App
     from runstream.worker import Worker
 
-    try:
-        app = options.load_app(target)
-        if not isinstance(app, App):
-            raise TypeError(f"{type(app).__name__} {app!r:.60} is not a runstream.App")
-    except Exception as exc:  # whatever the module raised: restarting would not help
-        why = f"{type(exc).__name__}: {exc}"
-        click.echo(f"runstream worker: cannot load the App at {target!r}: {why}", err=True)
-        sys.exit(EXIT_CANNOT_LOAD)
-    try:
-        Worker(app, settings).run()
-    except KafkaFatal as exc:  # a client Kafka refused for good: a new process starts clean
-        click.echo(f"runstream worker: {exc}", err=True)
-        sys.exit(EXIT_FATAL)
+    settings = options.engine_settings(values)
+    options.serve("worker", target, settings, supervise, lambda app: Worker(app, settings).run())
 
 
 @cli.command()

@@ -168,3 +168,37 @@ def load_app(target: str) -> Any:
     sys.path.insert(0, str(Path.cwd()))
     module = importlib.import_module(module_name)
     return getattr(module, attr or "app")
+
+
+def serve(
+    who: str, target: str, settings: Settings, supervise: bool, run: Callable[[Any], None]
+) -> None:
+    """Run a long-lived process for the App at ``target``: supervised (this process
+    becomes the supervisor of a child that runs it, started again whenever it dies), or
+    ``run(app)`` here. An App that cannot be loaded exits `EXIT_CANNOT_LOAD` (restarting
+    would not help); a Kafka client refused for good exits `EXIT_FATAL` (a new process
+    starts clean)."""
+    from runstream.app import App
+    from runstream.errors import KafkaFatal
+    from runstream.supervisor import EXIT_CANNOT_LOAD
+    from runstream.topics.watchdog import EXIT_FATAL
+
+    if supervise:
+        child = [sys.executable, "-m", "runstream", *sys.argv[1:], "--no-supervise"]
+        grace = str(settings.stop_timeout + 5)
+        os.execv(
+            sys.executable, [sys.executable, "-m", "runstream.supervisor", grace, "--", *child]
+        )
+    try:
+        app = load_app(target)
+        if not isinstance(app, App):
+            raise TypeError(f"{type(app).__name__} {app!r:.60} is not a runstream.App")
+    except Exception as exc:  # whatever the module raised: restarting would not help
+        why = f"{type(exc).__name__}: {exc}"
+        click.echo(f"runstream {who}: cannot load the App at {target!r}: {why}", err=True)
+        sys.exit(EXIT_CANNOT_LOAD)
+    try:
+        run(app)
+    except KafkaFatal as exc:
+        click.echo(f"runstream {who}: {exc}", err=True)
+        sys.exit(EXIT_FATAL)

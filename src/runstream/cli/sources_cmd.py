@@ -4,8 +4,6 @@ events, and show how far the forwarders are."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 from dataclasses import asdict
 from typing import Any
 
@@ -14,14 +12,11 @@ from rich.console import Console
 from rich.table import Table
 
 from runstream.cli import options
-from runstream.errors import KafkaFatal
 from runstream.settings import Settings
-from runstream.supervisor import EXIT_CANNOT_LOAD
 from runstream.topics.admin import client_config, wait_for_cluster
 from runstream.topics.groups import group_status
 from runstream.topics.sourcelog import group_topics, sources_group
 from runstream.topics.spec import Topics
-from runstream.topics.watchdog import EXIT_FATAL
 
 
 @click.group()
@@ -58,29 +53,12 @@ def serve(target: str, supervise: bool, **values: Any) -> None:
     Exactly once per record: each batch's events and the source offsets after it commit
     in one Kafka transaction. A record that cannot be decoded or keyed goes to
     ``<ns>.dlq``."""
-    settings = options.engine_settings(values)
-    if supervise:  # become the supervisor, as `runstream worker` does
-        child = [sys.executable, "-m", "runstream", *sys.argv[1:], "--no-supervise"]
-        grace = str(settings.stop_timeout + 5)
-        os.execv(
-            sys.executable, [sys.executable, "-m", "runstream.supervisor", grace, "--", *child]
-        )
-    from runstream.app import App
     from runstream.sources import SourceForwarder
 
-    try:
-        app = options.load_app(target)
-        if not isinstance(app, App):
-            raise TypeError(f"{type(app).__name__} {app!r:.60} is not a runstream.App")
-    except Exception as exc:  # whatever the module raised: restarting would not help
-        why = f"{type(exc).__name__}: {exc}"
-        click.echo(f"runstream sources: cannot load the App at {target!r}: {why}", err=True)
-        sys.exit(EXIT_CANNOT_LOAD)
-    try:
-        SourceForwarder(app, settings).run()
-    except KafkaFatal as exc:  # a client Kafka refused for good: a new process starts clean
-        click.echo(f"runstream sources: {exc}", err=True)
-        sys.exit(EXIT_FATAL)
+    settings = options.engine_settings(values)
+    options.serve(
+        "sources", target, settings, supervise, lambda app: SourceForwarder(app, settings).run()
+    )
 
 
 @sources.command()
