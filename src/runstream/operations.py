@@ -492,3 +492,16 @@ def wait_ended(
 
 def _datetime(ms: int | None) -> datetime | None:
     return None if not ms else datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def took(ms: int | None) -> str:
+    """A duration as people read it: 850ms, 4.2s, 3m05s, 2h10m."""
+    if ms is None:
+        return ""
+    if ms < 1000:
+        return f"{ms}ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f}s"
+    if ms < 3_600_000:
+        return f"{ms // 60_000}m{ms % 60_000 // 1000:02d}s"
+    return f"{ms // 3_600_000}h{ms % 3_600_000 // 60_000:02d}m"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from runstream.operations import took
 from runstream.schemas.records import (
     ChildEnded,
     ChildStarted,
@@ -14,7 +15,7 @@ from runstream.schemas.records import (
     TimerFired,
     TimerScheduled,
 )
-from runstream.ui.history import family, story, took
+from runstream.ui.history import family, story
 
 
 def _start(parent: str | None = None) -> RunStarted:

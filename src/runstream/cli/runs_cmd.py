@@ -25,7 +25,7 @@ from runstream.cli import options
 from runstream.cli.options import namespace
 from runstream.errors import DecodeError, RunNotFound
 from runstream.operations import caught_up as model_caught_up
-from runstream.operations import journal, no_namespace, plain, reader, time_ms
+from runstream.operations import journal, no_namespace, plain, reader, time_ms, took
 from runstream.operations import model_path as model_path  # where it was: tests import it
 from runstream.projections.runs import CatchUp, RunQuery, RunRow, RunsModel
 from runstream.schemas.codec import Codec
@@ -160,7 +160,7 @@ def list_runs(
             r.version,
             r.status,
             _when(r.started_at_ms),
-            _took(r.duration_ms),
+            took(r.duration_ms),
             str(r.steps),
             " ".join(f"{k}={v}" for k, v in sorted(r.tags.items())),
         )
@@ -201,7 +201,7 @@ def show(
         click.echo(f"{label:<10} {value}")
     table = Table("at", "+", "event", "status", "detail", title="timeline")
     for ev, since in timeline:
-        table.add_row(_when(ev.at_ms, precise=True), _took(since), ev.type, ev.status, _detail(ev))
+        table.add_row(_when(ev.at_ms, precise=True), took(since), ev.type, ev.status, _detail(ev))
     Console().print(table)
 
 
@@ -229,7 +229,7 @@ def history(
         seq = getattr(f, "seq", None)
         table.add_row(
             _when(at, precise=True),
-            _took(at - prev_ms if prev_ms else 0),
+            took(at - prev_ms if prev_ms else 0),
             f.AVRO,
             "" if seq is None else str(seq),
             _fact_detail(f),
@@ -341,7 +341,7 @@ def _summary(row: RunRow) -> Iterator[tuple[str, str]]:
         yield "tags", " ".join(f"{k}={v}" for k, v in sorted(row.tags.items()))
     yield "started", _when(row.started_at_ms, precise=True)
     if row.ended_at_ms is not None:
-        yield "ended", f"{_when(row.ended_at_ms, precise=True)} (took {_took(row.duration_ms)})"
+        yield "ended", f"{_when(row.ended_at_ms, precise=True)} (took {took(row.duration_ms)})"
     else:
         yield "updated", _when(row.updated_at_ms, precise=True)
     yield "steps", f"{row.steps} completed"
@@ -365,7 +365,7 @@ def _detail(ev: LifecycleEvent) -> str:
     if ev.step is not None:
         parts.append(f"{ev.step} #{ev.seq} attempt {ev.attempt}")
     if ev.duration_ms is not None:
-        parts.append(f"took {_took(ev.duration_ms)}")
+        parts.append(f"took {took(ev.duration_ms)}")
     parts += [x for x in (ev.error, ev.reason) if x]
     return "; ".join(parts)
 
@@ -404,18 +404,6 @@ def _when(at_ms: int, precise: bool = False) -> str:
         return ""
     text = datetime.fromtimestamp(at_ms / 1000).strftime("%Y-%m-%d %H:%M:%S.%f")
     return text[:-3] if precise else text[:-7]
-
-
-def _took(ms: int | None) -> str:
-    if ms is None:
-        return ""
-    if ms < 1000:
-        return f"{ms}ms"
-    if ms < 60_000:
-        return f"{ms / 1000:.1f}s"
-    if ms < 3_600_000:
-        return f"{ms // 60_000}m{ms % 60_000 // 1000:02d}s"
-    return f"{ms // 3_600_000}h{ms % 3_600_000 // 60_000:02d}m"
 
 
 def _warn(message: str) -> None:

@@ -39,6 +39,7 @@ from starlette.staticfiles import StaticFiles
 from runstream.client import Client
 from runstream.engine.workflow import seconds
 from runstream.errors import DecodeError, RunNotFound, RunstreamError
+from runstream.operations import took
 from runstream.projections.runs import CatchUp, Layout, RunQuery, RunRow, RunsModel
 from runstream.projections.store import key_range
 from runstream.schemas.codec import Codec
@@ -47,7 +48,7 @@ from runstream.settings import Settings
 from runstream.topics.admin import client_config
 from runstream.topics.catchup import PartitionReader
 from runstream.topics.spec import Topics
-from runstream.ui.history import FAMILIES, Story, family, fields, story, took, when
+from runstream.ui.history import FAMILIES, Story, family, fields, story, when
 
 log = logging.getLogger("runstream.ui")
 
