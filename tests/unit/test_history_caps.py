@@ -106,3 +106,27 @@ def test_the_history_size_folds_from_the_journal():
     assert fold("r", core.facts("r")).history_bytes == core.state("r").history_bytes > 10_000
     assert core.facts("r", "RunFailed")[0].code == Failure.HISTORY_TOO_LARGE
     assert isinstance(core.facts("r")[-1], RunFailed)
+
+
+def test_a_retried_run_past_its_cap_fails_again_and_a_cancel_still_ends_it():
+    """Where the cap meets retry and cancel: a retry of a run that failed at its cap
+    fails again at once with the same code (its history is no shorter; the README says
+    so), and a cancel of a run at its warning size still cancels it."""
+    from runstream.schemas.records import Cancel, Retry
+
+    core = Core(app.registry, limits=SMALL)
+    core.start("r", "forever", 0)
+    core.command(Retry("r", "again", retry_id="t1"))
+    fails = core.facts("r", "RunFailed")
+    assert len(fails) == 2 and {f.code for f in fails} == {Failure.HISTORY_TOO_LARGE}
+    assert core.names("r")[-2:] == ["RunRetried", "RunFailed"]  # no step ran between
+
+    warned = Core(app.registry, limits=Limits(history_events_warn=4, history_events_max=10_000))
+    warned.auto_run_steps = False
+    warned.start("w", "forever", 0)
+    for _ in range(3):
+        warned.run_step(warned.queued.pop())
+    assert warnings(warned, "w")
+    warned.command(Cancel("w", False, reason="enough"))
+    warned.run_step(warned.queued.pop())  # the step in flight ends; the cancel takes
+    assert warned.state("w").status == "cancelled"
