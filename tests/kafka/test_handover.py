@@ -90,7 +90,9 @@ def _each_step_ran_once(
 
 def test_scaling_1_to_3_to_1_with_sigterm_runs_no_step_body_twice(kafka_bootstrap, ns, tmp_path):
     runs = 200
-    fleet = Scaler(kafka_bootstrap, ns, tmp_path)
+    # 16 steps at a time: w1 alone needs about a minute for the 600 bodies, so the scale-up
+    # lands mid-work even when a loaded machine is slow to start w2 and w3
+    fleet = Scaler(kafka_bootstrap, ns, tmp_path, RUNSTREAM_STEP_CONCURRENCY="16")
     try:
         fleet.add("w1")
         client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
@@ -103,7 +105,11 @@ def test_scaling_1_to_3_to_1_with_sigterm_runs_no_step_body_twice(kafka_bootstra
         fleet.add("w3")  # 1 -> 3: w1 hands partitions over mid-step
         fleet.wait_owning("w1", "w2", "w3")
         began = _bodies(fleet.log).total()
-        wait_for(lambda: _bodies(fleet.log).total() >= began + 60, timeout=60, what="progress")
+        wait_for(
+            lambda: _bodies(fleet.log).total() >= began + 60,
+            timeout=60,
+            what=f"progress past {began} of {3 * runs} step bodies",
+        )
         fleet.stop("w2")  # 3 -> 1: each hands its partitions back, steps still running
         fleet.stop("w3")
         outputs = results(client, run_ids, timeout=180)
