@@ -7,9 +7,11 @@ Kafka assigns and revokes partitions inside ``poll()``; an assigned partition is
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,12 +68,15 @@ class Partitions:
         self._to_restore = []
         positions = engine_log.committed(partitions)
         ends = engine_log.end_offsets(partitions)
-        stores = {p: PartitionStore(self.state_dir / f"p{p}", self.codec) for p in partitions}
+        with ThreadPoolExecutor(8) as pool:  # RocksDB opens them in parallel, off the GIL
+            opened = pool.map(
+                lambda p: PartitionStore(self.state_dir / f"p{p}", self.codec), partitions
+            )
+            stores = dict(zip(partitions, opened, strict=True))
         offsets = {p: s.journal_offset for p, s in stores.items()}
         facts = catch_up(stores, engine_log.read_journal(offsets, stopping))
         if stopping():
-            for store in stores.values():
-                store.close()
+            _close([*stores.values()])
             return {}
         for p, store in stores.items():
             self._owned[p] = _Owned(store, positions[p], ends[p], int(time.time() * 1000))
@@ -90,12 +95,14 @@ class Partitions:
 
     def release(self, partitions: list[int]) -> None:
         """``partitions`` are no longer ours: close their projections."""
+        closing = []
         for p in partitions:
             owned = self._owned.pop(p, None)
             if owned is not None:
-                owned.store.close()
+                closing.append(owned.store)
             if p in self._to_restore:
                 self._to_restore.remove(p)
+        _close(closing)
         self.leaving -= set(partitions)
 
     def close(self) -> None:
@@ -138,3 +145,11 @@ class Partitions:
             store.commit(runs, written.ends.get(p, store.journal_offset))
             changes += [(p, before, after) for before, after, _ in runs]
         return changes
+
+
+def _close(stores: list[PartitionStore]) -> None:
+    """Close ``stores`` in parallel (RocksDB flushes each), then free their handles once."""
+    if stores:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda s: s.close(collect=False), stores))
+        gc.collect()  # rocksdict keeps a LOCK while any handle object is alive

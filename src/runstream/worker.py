@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from runstream.engine.decide import Decider
 from runstream.engine.replay import Overrun
-from runstream.engine.state import LimitState
+from runstream.engine.state import LimitState, RunState, State
 from runstream.engine.waiters import Waiters
 from runstream.engine.work import Attempt, Batch, HandOver, LogRecord, StepJob, StepOutcome, Work
 from runstream.errors import ConfigError
@@ -240,8 +240,10 @@ class Worker:
         if restored:
             self.metrics.restore_seconds.observe(time.perf_counter() - began)
         for p, store in restored.items():
+            crashed = store.running()
+            alone = {r for r in crashed if _recovers_alone(store.get(r))}
             self._inbox.restored(
-                p, store.timers(), store.running(), store.handed_over(), store.parked()
+                p, store.timers(), crashed, alone, store.handed_over(), store.parked()
             )
             if self._metrics_server is not None:  # the limits' figures from the start
                 for limit in store.ids(LIMIT_PREFIX):
@@ -398,3 +400,7 @@ class Worker:
         if self.settings.exit_on_hang:
             logging.shutdown()
             os._exit(EXIT_HUNG)
+
+
+def _recovers_alone(state: State) -> bool:
+    return isinstance(state, RunState) and state.recovers_alone()

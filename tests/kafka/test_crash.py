@@ -96,9 +96,9 @@ def test_a_run_that_keeps_crashing_its_instance_goes_dead(kafka_bootstrap, ns, t
     `runstream worker` starts it again, and the run goes dead without anyone's help.
     Its first attempt ran ahead of its commit (a fresh start chains its steps), so nothing
     of it counted; the start, read again, commits the step before it runs. That crash
-    charges nobody (other steps might have been running); each crash while the step runs
-    alone, as a recovery, is the run's own: the third such one goes past
-    max_recovery_attempts=2."""
+    charges nobody (other steps might have been running), and neither does the crash of
+    its recovery beside the others; each crash while the step runs alone, as a recovery,
+    is the run's own: the third such one goes past max_recovery_attempts=2."""
     log = tmp_path / "steps.log"
     state = tmp_path / "state"
     state.mkdir()
@@ -115,8 +115,9 @@ def test_a_run_that_keeps_crashing_its_instance_goes_dead(kafka_bootstrap, ns, t
         assert worker.poll() is None  # the supervisor never gave up
     finally:
         _stop(worker)
-    # ahead of its commit, committed, then three recoveries: each took the process down
-    assert log.read_text().splitlines().count("crash") == 5
+    # ahead of its commit, committed, recovered beside others, then three recoveries
+    # alone: each took the process down
+    assert log.read_text().splitlines().count("crash") == 6
     dlq = read_topic(kafka_bootstrap, f"{ns}.dlq")
     assert [r["run_id"] for _, r, _ in dlq] == ["poison"]
     assert "max_recovery_attempts=2" in dlq[0][1]["reason"]
@@ -163,8 +164,9 @@ def test_a_poison_step_among_healthy_runs_takes_only_its_own_run_down(
     kafka_bootstrap, ns, tmp_path
 ):
     """51 runs with a step in flight when the poison step kills the instance: the crash
-    is nobody's fault yet, so nobody is charged; the steps then run again one at a time,
-    and only the one that kills the process while running alone is charged, until dead."""
+    is nobody's fault yet, so nobody is charged, and the steps run again at once, side by
+    side; that crashes too, so they run again one at a time, and only the one that kills
+    the process while running alone is charged, until dead."""
     log, state = tmp_path / "steps.log", tmp_path / "state"
     state.mkdir()
     env = {"RUNSTREAM_TEST_MAX_RECOVERY": "1", "RUNSTREAM_STEP_CONCURRENCY": "64"}
@@ -194,8 +196,9 @@ def test_a_poison_step_among_healthy_runs_takes_only_its_own_run_down(
     facts = [(n, r) for n, r, _ in journal if r["run_id"] in blamed | {"poison"}]
     assert not blamed, (exits, facts)
     crashes = log.read_text().splitlines().count("crash")
-    # ahead of its commit and in the crowd (free), alone (charged 1 <= 1), alone again (dead)
-    assert crashes == 4
+    # ahead of its commit, in the crowd and recovered in it (free), alone (charged 1 <= 1),
+    # alone again (dead)
+    assert crashes == 5
 
 
 def test_workflow_code_blocked_in_a_call_restarts_the_instance_and_is_parked(
@@ -244,3 +247,53 @@ def test_a_final_stop_hands_the_partitions_over_at_once(kafka_bootstrap, ns, tmp
         assert took < 30, f"the partitions moved only after {took:.0f}s"
     finally:
         _stop(w1, w2)
+
+
+def test_after_a_sigkill_the_steps_in_flight_run_again_at_once_side_by_side(
+    kafka_bootstrap, ns, tmp_path
+):
+    """30 runs each in a 2 s step when their only instance is SIGKILLed: the restarted
+    instance runs the 30 interrupted steps again at once, beside each other (a first crash
+    is nobody's), not one run at a time; nobody is charged and every run completes. On
+    each journal partition, every recovery is decided before any recovered step ends."""
+    runs, log, state = 30, tmp_path / "steps.log", tmp_path / "state"
+    state.mkdir()
+    env = {"RUNSTREAM_STEP_CONCURRENCY": "64"}
+    worker = spawn_worker(kafka_bootstrap, ns, state, "w1", log, **env)
+    run_ids = [f"run-{i}" for i in range(runs)]
+    try:
+        client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
+        wait_for(lambda: len(owns(state, ns, "w1")) == PARTITIONS, what="w1 to own all")
+        for run_id in run_ids:
+            client.start("shifts", 2.0, run_id=run_id, wait=False)
+        client.flush(30)
+        wait_for(
+            lambda: _started(kafka_bootstrap, ns) >= runs,
+            timeout=60,
+            what="every first step's start to be committed (its body is under way)",
+        )
+        kill(worker)
+        worker = spawn_worker(kafka_bootstrap, ns, state, "w1", log, **env)
+        assert {client.result(r, timeout=180) for r in run_ids} == {6}
+    finally:
+        _stop(worker)
+    journal = read_topic(kafka_bootstrap, f"{ns}.journal", timeout=30)
+    recovered = [(r, m) for n, r, m in journal if n == "RunRecovered"]
+    assert recovered, "the kill interrupted no step"
+    assert {r["recoveries"] for r, _ in recovered} == {0}, "a first crash was charged"
+    again = {(r["run_id"], r["seq"]) for r, _ in recovered}
+    restarts = [
+        r
+        for n, r, _ in journal
+        if n == "StepStarted" and (r["run_id"], r["seq"]) in again and r["attempt"] > 1
+    ]
+    assert len(restarts) == len(again) and not any(r["isolated"] for r in restarts)
+    last_recovery = {m.partition(): m.offset() for _, m in recovered}  # read in order
+    for n, r, m in journal:
+        if n == "StepCompleted" and (r["run_id"], r["seq"]) in again:
+            assert m.offset() > last_recovery[m.partition()], (r["run_id"], r["seq"])
+
+
+def _started(bootstrap, ns):
+    journal = read_topic(bootstrap, f"{ns}.journal", timeout=5)
+    return sum(n == "StepStarted" for n, _, _ in journal)

@@ -127,13 +127,13 @@ def test_recovered_and_dead_runs_pass():
     core.start("dead", "wf")
     core.recover("ok")
     core.run_step(core.queued.pop())
-    for _ in range(4):
+    for _ in range(5):  # beside others, then alone: free, free, charged 1, 2, dead
         core.recover("dead")
     assert core.state("dead").status == "dead"
     assert check_run(facts_of(core, "ok"), expect_finished=True) == []
     assert check_run(facts_of(core, "dead"), expect_finished=True, dead_lettered=True) == []
     assert check_run(facts_of(core, "dead")) == [
-        "the run is dead but the dlq has no run-dead record of it @8"
+        "the run is dead but the dlq has no run-dead record of it @10"
     ]
 
 

@@ -347,23 +347,44 @@ def test_a_suspended_run_resumes_without_replaying_its_history():
     assert payload.loads(core.state("m").output) == 2 and started["runs"] == 3
 
 
-def test_recovery_reruns_an_interrupted_step_alone_then_goes_dead():
+def test_recovery_reruns_a_crashed_step_beside_others_then_alone_then_goes_dead():
     async def wf(ctx) -> int:
         return await ctx.step(add_one, 1)
 
     core = Core(registry(wf), max_recovery_attempts=2)
     core.auto_run_steps = False
     core.start("r", "wf")
-    core.recover("r")  # died beside other steps: nobody to blame, it runs again alone
-    assert core.state("r").recoveries == 0 and core.queued[-1].isolated
+    assert not core.state("r").recovers_alone()
+    core.recover("r")  # died beside other steps: nobody to blame, it runs again at once
+    assert core.state("r").recoveries == 0
+    assert (core.queued[-1].attempt, core.queued[-1].isolated) == (2, False)
+    assert core.state("r").recovers_alone()  # if this one dies too
+    core.recover("r")  # that recovery died beside others too: now it runs alone
+    assert core.state("r").recoveries == 0
+    assert (core.queued[-1].attempt, core.queued[-1].isolated) == (3, True)
     for n in (1, 2):
+        assert core.state("r").recovers_alone()
         core.recover("r")  # the process died while the step ran alone: its own doing
         assert core.state("r").recoveries == n
-        assert core.queued[-1].attempt == n + 2 and core.queued[-1].isolated
+        assert core.queued[-1].attempt == n + 3 and core.queued[-1].isolated
     core.recover("r")
     assert core.state("r").status == "dead"
     assert [d.code for d in core.dead] == ["run-dead"]
     assert "running alone when its engine process died, 3 times" in core.dead[0].reason
+
+
+def test_a_step_that_completes_after_a_recovery_beside_others_leaves_no_mark():
+    async def wf(ctx) -> int:
+        x = await ctx.step(add_one, 1)
+        return await ctx.step(add_one, x)
+
+    core = Core(registry(wf))
+    core.auto_run_steps = False
+    core.start("r", "wf")
+    core.recover("r")  # the first step, recovered beside others
+    core.run_step(core.queued.pop())  # ... completes: the second step starts
+    core.recover("r")  # the second step's first crash is its first: beside others again
+    assert (core.queued[-1].seq, core.queued[-1].isolated) == (2, False)
 
 
 def test_recovered_step_completes_once():

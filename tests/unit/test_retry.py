@@ -112,8 +112,9 @@ def test_a_dead_run_retried_runs_its_crashed_step_again():
     core.auto_run_steps = False
     core.start("d", "three", 1)
     core.run_step(core.queued.pop(0))  # first completes; second is started, then a crash
+    core.recover("d")  # beside others: free, but its recovery is a recovery
+    core.recover("d")  # which died too: alone now
     core.recover("d")  # running alone: charged, past 0 recoveries -> dead
-    core.recover("d")
     assert core.state("d").status == "dead"
     core.auto_run_steps = True
     core.queued.clear()

@@ -160,6 +160,9 @@ def _run(state: RunState, fact: Fact) -> None:
             state.signal_ids.add(fact.signal_id)
         case RunRecovered():
             state.recoveries = fact.recoveries
+            crashed = state.pending.get(fact.seq)
+            if isinstance(crashed, StepStarted):  # its recovery starts the next attempt
+                state.recovery_starts.add((fact.seq, crashed.attempt + 1))
         case CompensationStarted():
             state.compensation, state.status = fact, Status.COMPENSATING
         case RunParked():

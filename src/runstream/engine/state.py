@@ -100,6 +100,8 @@ class RunState:
     # projection keeps them beside the facts, and a new owner starts them afresh.
     beats: dict[int, Beat] = field(default_factory=dict)
     recoveries: int = 0
+    # (seq, attempt) of each recovery start: one that crashes in turn runs alone next
+    recovery_starts: set[tuple[int, int]] = field(default_factory=set)
     retries: int = 0  # RunRetried facts: each reopens steps a suspended coroutine saw fail
     compensation: CompensationStarted | None = None  # while compensating
     output: bytes | None = None
@@ -133,6 +135,7 @@ class RunState:
             signals=list(self.signals),
             signal_ids=set(self.signal_ids),
             retry_ids=set(self.retry_ids),
+            recovery_starts=set(self.recovery_starts),
             beats=dict(self.beats),
             permits=dict(self.permits),
             promises=dict(self.promises),
@@ -185,6 +188,17 @@ class RunState:
     def handed_over_steps(self) -> list[int]:
         """Sequence numbers of steps a graceful handover let go: to start again."""
         return [s for s, f in self.pending.items() if isinstance(f, StepHandedOver)]
+
+    def recovers_alone(self) -> bool:
+        """Whether the steps a crash interrupted run again alone in the process, one run at
+        a time: those that already ran alone, or were a recovery themselves, when their
+        process died. A first crash is most often nobody's (a kill, a lost machine), so
+        those steps run again at once, side by side; a poison step costs one more crash."""
+        return any(
+            f.isolated or (s, f.attempt) in self.recovery_starts
+            for s in self.running_steps()
+            if isinstance(f := self.pending[s], StepStarted)
+        )
 
 
 @dataclass(slots=True)

@@ -202,13 +202,15 @@ class PartitionStore:
     def forget(self, run_id: str) -> None:
         self._cache.pop(run_id, None)
 
-    def close(self) -> None:
-        """Close and drop every handle, so the same path can be reopened in this process."""
+    def close(self, collect: bool = True) -> None:
+        """Close and drop every handle, so the same path can be reopened in this process
+        (once ``gc.collect()`` ran: without ``collect``, the caller runs it, once for many)."""
         if self._db is not None:
             self._db.close()
             self._db = None
             self._cache.clear()
-            gc.collect()  # rocksdict keeps the LOCK while any handle object is alive
+            if collect:
+                gc.collect()  # rocksdict keeps the LOCK while any handle object is alive
 
     def _remember(self, state: State) -> None:
         # An ended run is rarely asked for again: read from RocksDB then.

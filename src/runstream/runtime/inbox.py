@@ -11,7 +11,7 @@ import contextlib
 import queue
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 
 from runstream.engine.work import LogRecord, Recover, Resume, StepOutcome, Work
 from runstream.runtime.steps import StepRunner
@@ -99,17 +99,20 @@ class Inbox:
         p: int,
         timers: Iterable[tuple[int, str, int]],
         crashed: Iterable[str],
+        alone: Container[str],
         handed_over: Iterable[str],
         parked: Iterable[str],
     ) -> None:
         """Partition ``p`` was restored: arm its timers (due, run id, seq), recover the runs
-        whose step crashed one by one, start handed-over steps again at once, side by side,
-        and try parked runs again."""
+        whose step crashed (those in ``alone`` one by one, the others at once, side by
+        side: `rules.steps.recover`), start handed-over steps again at once, and try parked
+        runs again."""
         for due, run_id, seq in timers:
             self.timers.add(p, run_id, seq, due)
         crashed = list(crashed)
-        self._recovering.extend(Recover(p, r) for r in crashed)
-        self._requeued += [Recover(p, r) for r in sorted(set(handed_over).difference(crashed))]
+        self._recovering.extend(Recover(p, r) for r in crashed if r in alone)
+        again = {r for r in crashed if r not in alone}.union(handed_over)
+        self._requeued += [Recover(p, r) for r in sorted(again)]
         self._requeued += [Resume(p, r) for r in parked]
 
     def let_go(self, partitions: set[int]) -> set[str]:
@@ -117,7 +120,11 @@ class Inbox:
         them) and pending recoveries, keep the outcomes of bodies that ran; the runs that
         were waiting for a crash recovery (the next owner recovers and charges them)."""
         self.timers.drop(partitions)
-        crashed = {r.run_id for r in self._recovering if r.partition in partitions}
+        crashed = {
+            r.run_id
+            for r in (*self._recovering, *self._requeued)
+            if isinstance(r, Recover) and r.partition in partitions
+        }
         self._recovering = deque(r for r in self._recovering if r.partition not in partitions)
         self._requeued = [
             w for w in self._requeued if w.partition not in partitions or isinstance(w, StepOutcome)

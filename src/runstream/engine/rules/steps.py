@@ -132,11 +132,14 @@ def recover(ctx: Rules, b: Batch, st: RunState, _work: Recover) -> None:
     A step a graceful handover let go (StepHandedOver) starts again at once, under the
     same attempt number: a stop or a rebalance charges nothing.
 
-    A step started but never finished ran in a process that crashed. Those run again
-    one at a time, alone in the process (``isolated``). A crash while a step ran alone
-    is the run's own doing and is charged to it; past ``max_recovery_attempts`` the run
-    is dead. A crash that took down a step running beside others charges nobody, so a
-    poison step never takes its co-runners along.
+    A step started but never finished ran in a process that crashed. After its first
+    crash it runs again at once, beside the others (most crashes are nobody's: a kill, a
+    lost machine). If that recovery crashes too, or the step ran alone, it runs again one
+    run at a time, alone in the process (``isolated``; the shell queues such runs apart:
+    `RunState.recovers_alone`). A crash while a step ran alone is the run's own doing and
+    is charged to it; past ``max_recovery_attempts`` the run is dead. A crash that took
+    down a step running beside others charges nobody, so a poison step never takes its
+    co-runners along.
     """
     seqs, handed = st.running_steps(), st.handed_over_steps()
     if not (seqs or handed) or st.terminal:
@@ -145,6 +148,7 @@ def recover(ctx: Rules, b: Batch, st: RunState, _work: Recover) -> None:
         core.advance(ctx, b, st)  # parks it; recovered once its code is back
         return
     charged = any(isinstance(f := st.pending[s], StepStarted) and f.isolated for s in seqs)
+    alone = st.recovers_alone()
     recoveries = st.recoveries + charged
     if recoveries > ctx.max_recovery_attempts:
         names = ", ".join(sorted({st.pending[s].name for s in seqs}))  # type: ignore[union-attr]
@@ -180,7 +184,7 @@ def recover(ctx: Rules, b: Batch, st: RunState, _work: Recover) -> None:
                 seq=seq,
                 name=started.name,
                 attempt=started.attempt + 1,
-                isolated=True,
+                isolated=alone,
             ),
         )
     for seq in handed:
