@@ -23,8 +23,6 @@ RunstreamError
  ├─ RunRejected              client.result() of a start the engine refused
  ├─ ChildFailed              in a parent workflow: its child did not complete
  ├─ PromiseRejected          in a workflow: the promise it awaits was rejected
- ├─ EventRefused             in a workflow: ctx.set_event past its caps (value size, keys)
- ├─ EventNotSet              client.get_event(wait=...): the run ended without the key
  ├─ QueryFailed              client.query(): no such handler, or the handler raised
  └─ StepError                a step failed for good (raised inside workflow code)
      └─ TerminalStepError    raise it from a step: fail at once, no retry
@@ -34,6 +32,8 @@ EventTimeout(RunstreamError, TimeoutError)   wait_for_event(timeout=...) expired
 PromiseTimeout(RunstreamError, TimeoutError) ctx.promise(timeout=...) expired uncompleted
 StepTimeout(RunstreamError, TimeoutError)    a step attempt ran past its timeout
 OwnerUnavailable(RunstreamError, TimeoutError) client.query(): no engine answered in time
+EventRefused(RunstreamError, ValueError)     ctx.set_event past its caps (value size, keys)
+EventNotSet(RunstreamError, LookupError)     get_event(wait=...): the run ended without it
 """
 
 from __future__ import annotations

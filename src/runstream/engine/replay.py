@@ -175,6 +175,9 @@ class Compensation:
 #: the run's events (`Context.set_event`).
 Recorded = ValueRecorded | PromiseCreated | RunEventSet
 
+#: The longest key of `Context.set_event`, in bytes of UTF-8 (a read model key holds it).
+MAX_EVENT_KEY_BYTES = 255
+
 #: A live query handler (`Context.query_handler`): called with the query's argument.
 QueryHandler = Callable[..., Any]
 
@@ -461,6 +464,8 @@ class Context:
         key = str(key)
         if self._recorded(seq, "set_event " + key) is not None:
             return
+        if not 0 < len(key.encode()) <= MAX_EVENT_KEY_BYTES:
+            raise EventRefused(f"an event key is 1 to {MAX_EVENT_KEY_BYTES} bytes, not {key!r}")
         data = payload.dumps(value)
         most = min(self._limits.event_value, self._limits.payload)
         if len(data) > most:

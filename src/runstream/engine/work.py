@@ -19,8 +19,8 @@ from runstream.schemas.records import (
     DeadLetter,
     Fact,
     LifecycleEvent,
-    Record,
     QueryAnswer,
+    Record,
     RunInfo,
     StepTask,
 )
