@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from runstream.audit import check_run
 from runstream.engine import payload
 from runstream.engine.limits import Limits
@@ -212,3 +214,30 @@ def test_a_query_that_cannot_be_answered_says_why() -> None:
     unknown = ask(c, "nobody", "done")
     assert not unknown.found and unknown.error is None
     assert c.journal == journal and not c.dead
+
+
+# -- the testing kit -------------------------------------------------------------------
+
+
+def test_the_workflow_tester_reads_events_and_asks_queries() -> None:
+    from runstream import App
+    from runstream.errors import QueryFailed, RunNotFound
+    from runstream.testing import WorkflowTester
+
+    app = App("kit")
+    app.workflow(progress)
+    app.workflow(continues)
+    t = WorkflowTester(app)
+    run = t.start("progress", 2, run_id="p")
+    assert run.events == {"stage": "started", "done": 2}
+    assert t.query("p", "done") == 2 and t.query("p", "times", 5) == 10
+    history = list(run.history)
+    with pytest.raises(QueryFailed, match="no query handler 'nope'"):
+        t.query("p", "nope")
+    with pytest.raises(RunNotFound):
+        t.query("nobody", "done")
+    assert run.history == history  # a query records nothing
+    t.signal("p", "go")
+    assert run.events["stage"] == "finished" and run.result() == 2
+    chain = t.start("continues", 0, run_id="c")
+    assert chain.events == {"n": 2}  # the newest value along continue-as-new
