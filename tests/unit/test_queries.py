@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from examples.testing import test_queries_flow as example
 from runstream.audit import check_run
 from runstream.engine import payload
 from runstream.engine.limits import Limits
@@ -241,3 +242,8 @@ def test_the_workflow_tester_reads_events_and_asks_queries() -> None:
     assert run.events["stage"] == "finished" and run.result() == 2
     chain = t.start("continues", 0, run_id="c")
     assert chain.events == {"n": 2}  # the newest value along continue-as-new
+
+
+@pytest.mark.parametrize("name", sorted(n for n in vars(example) if n.startswith("test_")))
+def test_the_example_test_file_passes(name: str) -> None:
+    getattr(example, name)()
