@@ -226,3 +226,49 @@ def test_the_cli_reads_an_event_and_asks_a_query(engine, kafka_bootstrap, ns, tm
     assert out.exit_code == 0 and out.output.strip() == "true", out.output
     out = runner.invoke(cli, ["runs", "query", "cli1", "nope", *common])
     assert out.exit_code == 1 and "no query handler 'nope'" in out.output
+
+
+def test_a_cancelled_run_keeps_its_events_and_a_wait_for_an_unset_key_ends(
+    engine, kafka_bootstrap, ns
+):
+    client, cache = engine.client, engine.cache
+    client.start("tracker", ["a"], run_id="x1")
+    packed = _reaches(client, "x1", "stage", "packed", cache)
+    client.cancel("x1", reason="changed my mind")
+    with pytest.raises(runstream.EventNotSet, match="run 'x1' ended cancelled without setting"):
+        client.get_event("x1", "never", wait=60, cache_dir=cache)
+    assert client.get_event("x1", "stage", cache_dir=cache).value == packed.value
+    assert client.query("x1", "packed") == ["a"]  # a cancelled run still answers
+
+
+def test_queries_are_answered_across_a_handover_between_two_instances(
+    engine, kafka_bootstrap, ns, tmp_path
+):
+    """A second instance joins (partitions move to it), then the first stops: every
+    run's query is answered throughout, by whichever instance owns its partition, and
+    the events stay readable."""
+    client, cache = engine.client, engine.cache
+    run_ids = [f"h{i}" for i in range(8)]  # over the 4 partitions
+    for run_id in run_ids:
+        client.start("tracker", [run_id], run_id=run_id)
+    for run_id in run_ids:
+        _reaches(client, run_id, "stage", "packed", cache)
+    second = ThreadWorker(make_app(ns, kafka_bootstrap), tmp_path / "state2", instance="w2")
+    try:
+        wait_for(lambda: owns(tmp_path / "state2", ns, "w2"), timeout=60, what="w2 to own some")
+        for run_id in run_ids:
+            assert wait_for(lambda r=run_id: _answer(client, r), timeout=60, what=run_id) == [
+                run_id
+            ]
+        engine.worker.stop()
+        engine.worker = None
+        for run_id in run_ids:
+            assert wait_for(lambda r=run_id: _answer(client, r), timeout=60, what=run_id) == [
+                run_id
+            ]
+            client.signal(run_id, "ship")
+        for run_id in run_ids:
+            assert client.result(run_id, timeout=60) == {"packed": [run_id]}
+            assert _reaches(client, run_id, "stage", "shipped", cache).run_id == run_id
+    finally:
+        second.stop()

@@ -217,6 +217,38 @@ def test_a_query_that_cannot_be_answered_says_why() -> None:
     assert c.journal == journal and not c.dead
 
 
+async def huge(ctx) -> None:
+    @ctx.query_handler("all")
+    def _all() -> str:
+        return "x" * 400_000
+
+    await ctx.wait_for_signal("end")
+
+
+def test_a_foreign_producers_odd_query_is_answered_with_the_reason_never_a_dead_letter() -> None:
+    c = core()
+    c.start("r", "progress", 1)
+    journal = list(c.journal)
+    c.command(LiveQuery("r", "odd", reply_to="me", name="times", arg=b"\xff{not json"))
+    answer = c.replies[-1][1]
+    assert isinstance(answer, QueryAnswer) and answer.request_id == "odd"
+    assert answer.found and "the argument of query 'times' is not JSON" in (answer.error or "")
+    c.record(b"\xc3\x01garbage", b"r")  # undecodable: a dead letter, as any command
+    assert [d.code for d in c.dead] == ["undecodable"]
+    assert c.journal == journal
+
+
+def test_an_answer_larger_than_a_record_may_be_is_an_error_not_a_record() -> None:
+    reg = Registry()
+    reg.add_workflow(workflow_def(huge))
+    c = Core(reg, limits=Limits(max_record=300_000))
+    c.start("r", "huge")
+    answer = ask(c, "r", "all")
+    assert answer.value is None and "the answer of query 'all' is 400,002 bytes" in (
+        answer.error or ""
+    )
+
+
 # -- the testing kit -------------------------------------------------------------------
 
 
