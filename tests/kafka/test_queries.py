@@ -220,6 +220,9 @@ def test_the_cli_reads_an_event_and_asks_a_query(engine, kafka_bootstrap, ns, tm
     assert out.exit_code == 0, out.output
     got = json.loads(out.output)
     assert got["key"] == "stage" and got["run_id"] == "cli1" and got["as_of"] > got["offset"]
+    out = runner.invoke(cli, ["runs", "show", "cli1", "--json", *common, *cache])
+    timeline = json.loads(out.output)["timeline"]
+    assert [e["key"] for e in timeline if e["type"] == "run.event_set"] == ["stage", "stage"]
     out = runner.invoke(cli, ["runs", "event", "cli1", "nope", *common, *cache])
     assert out.exit_code == 1 and "has not set 'nope'" in out.output
     out = runner.invoke(cli, ["runs", "query", "cli1", "has", '"z"', *common])
