@@ -291,6 +291,7 @@ class Context:
         self._limits = limits or Limits()
         self._queries: dict[str, QueryHandler] = {}
         self._querying = False  # a query handler runs: no durable operation may
+        self._keys: tuple[tuple[int, int], set[str]] | None = None  # (state, its keys)
 
     # -- durable operations ------------------------------------------------------
     async def step(
@@ -480,11 +481,16 @@ class Context:
                 "limit (Limits.event_keys); set one of them again, or keep a dict in one key"
             )
         self._new.append(RunEventSet(self.run_id, self._now_ms, seq=seq, key=key, value=data))
+        keys.add(key)
 
     def _event_keys(self) -> set[str]:
-        """The keys this run has set so far (recorded, and earlier in this replay)."""
-        facts = [*self._state.resolved.values(), *self._new]
-        return {f.key for f in facts if isinstance(f, RunEventSet)}
+        """The keys this run has set so far (recorded, and earlier in this replay): read
+        from the history once per state the code runs against, not once per call."""
+        token = (id(self._state), self._state.facts)
+        if self._keys is None or self._keys[0] != token:
+            facts = [*self._state.resolved.values(), *self._new]
+            self._keys = (token, {f.key for f in facts if isinstance(f, RunEventSet)})
+        return self._keys[1]
 
     def query_handler(self, name: str) -> Callable[[QueryHandler], QueryHandler]:
         """Declare a live query handler, as a decorator, on a plain (not async) function:
