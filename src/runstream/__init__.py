@@ -30,6 +30,8 @@ if TYPE_CHECKING:
         CommandNotDelivered,
         ConfigError,
         DecodeError,
+        EventNotSet,
+        EventRefused,
         EventTimeout,
         Failure,
         HistoryTooLarge,
@@ -39,9 +41,11 @@ if TYPE_CHECKING:
         KafkaSetupError,
         KafkaUnavailable,
         NonDeterminismError,
+        OwnerUnavailable,
         PayloadTooLarge,
         PromiseRejected,
         PromiseTimeout,
+        QueryFailed,
         QueueFull,
         RunCancelled,
         RunFailed,
@@ -57,7 +61,7 @@ if TYPE_CHECKING:
         TopicError,
         WorkflowNotFound,
     )
-    from runstream.operations import CancelReport, JournalFact, RunPage, RunSummary
+    from runstream.operations import CancelReport, JournalFact, RunEvent, RunPage, RunSummary
     from runstream.settings import Settings
     from runstream.worker import Worker
 
@@ -66,6 +70,8 @@ _ERRORS = (
     "CommandNotDelivered",
     "ConfigError",
     "DecodeError",
+    "EventNotSet",
+    "EventRefused",
     "EventTimeout",
     "Failure",
     "HistoryTooLarge",
@@ -75,9 +81,11 @@ _ERRORS = (
     "KafkaSetupError",
     "KafkaUnavailable",
     "NonDeterminismError",
+    "OwnerUnavailable",
     "PayloadTooLarge",
     "PromiseRejected",
     "PromiseTimeout",
+    "QueryFailed",
     "QueueFull",
     "RunCancelled",
     "RunFailed",
@@ -106,6 +114,7 @@ _HOME = {
     "JournalFact": "runstream.operations",
     "RunPage": "runstream.operations",
     "RunSummary": "runstream.operations",
+    "RunEvent": "runstream.operations",
     **dict.fromkeys(_ERRORS, "runstream.errors"),
 }
 
@@ -118,6 +127,8 @@ __all__ = [
     "ConfigError",
     "Context",
     "DecodeError",
+    "EventNotSet",
+    "EventRefused",
     "EventTimeout",
     "Failure",
     "HistoryTooLarge",
@@ -128,12 +139,15 @@ __all__ = [
     "KafkaSetupError",
     "KafkaUnavailable",
     "NonDeterminismError",
+    "OwnerUnavailable",
     "PayloadTooLarge",
     "Promise",
     "PromiseRejected",
     "PromiseTimeout",
+    "QueryFailed",
     "QueueFull",
     "RunCancelled",
+    "RunEvent",
     "RunFailed",
     "RunInfo",
     "RunNotFound",

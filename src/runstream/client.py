@@ -23,8 +23,11 @@ from runstream.engine import payload
 from runstream.engine.partitioner import partition_for
 from runstream.engine.workflow import seconds
 from runstream.errors import (
+    EventNotSet,
     KafkaUnavailable,
+    OwnerUnavailable,
     PayloadTooLarge,
+    QueryFailed,
     RunCancelled,
     RunNotFound,
     RunRejected,
@@ -34,13 +37,16 @@ from runstream.errors import (
 from runstream.operations import (
     CancelReport,
     JournalFact,
+    RunEvent,
     RunPage,
     RunSummary,
     When,
     bulk_cancel,
     caught_up,
+    chain_ended,
     check_status,
     journal,
+    run_event,
     time_ms,
     where_of,
 )
@@ -51,8 +57,10 @@ from runstream.schemas.records import (
     Cancel,
     Command,
     CompletePromise,
+    LiveQuery,
     PublishEvent,
     Query,
+    QueryAnswer,
     Retry,
     ScheduleCommand,
     Signal,
@@ -122,7 +130,7 @@ class Client:
         self._key = self.client_id.encode()
         self._asked: set[str] = set()  # request ids waiting for an answer
         self._expected: OrderedDict[str, str] = OrderedDict()  # run id -> its start's request
-        self._replies: dict[str, RunInfoRecord] = {}
+        self._replies: dict[str, RunInfoRecord | QueryAnswer] = {}
 
     def __enter__(self) -> Client:
         return self
@@ -415,6 +423,81 @@ class Client:
                     raise RunRejected(run_id, end.code or "", end.reason or "")
                 raise run_failed(run_id, end.error or end.reason or "", end.status, end.code)
 
+    def query(self, run_id: str, name: str, arg: Any = None, *, timeout: float = 5.0) -> Any:
+        """What the run's query handler ``name`` (``@ctx.query_handler``) returns for
+        ``arg``, evaluated by the run's owner on the workflow as it is now; the run's
+        journal does not change. Raises `RunNotFound`, `QueryFailed` (no such handler, or
+        it raised), or `OwnerUnavailable` when no engine instance answers within
+        ``timeout`` seconds (none runs, or the partition is between owners)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            self._listen()
+            request_id = uuid.uuid4().hex
+            self._asked.add(request_id)
+            try:
+                cmd = LiveQuery(
+                    run_id,
+                    request_id,
+                    reply_to=self.client_id,
+                    name=name,
+                    arg=payload.dumps(arg),
+                    sent_at_ms=_now_ms(),
+                )
+                self._send(cmd)
+                while (answer := self._replies.pop(request_id, None)) is None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise OwnerUnavailable(
+                            f"no engine instance answered query {name!r} of run {run_id!r} "
+                            f"within {timeout}s: is one (`runstream worker`) running for "
+                            f"namespace {self.namespace!r}? (`get_event` needs none)"
+                        )
+                    self._pump(min(left, 1.0))
+            finally:
+                self._asked.discard(request_id)
+        assert isinstance(answer, QueryAnswer)
+        if not answer.found:
+            raise RunNotFound(f"no run {run_id!r} in namespace {self.namespace!r}")
+        if answer.error is not None:
+            raise QueryFailed(answer.error)
+        return payload.loads(answer.value or b"null")
+
+    def get_event(
+        self,
+        run_id: str,
+        key: str,
+        *,
+        wait: float | str | None = None,
+        cache_dir: Path | None = None,
+    ) -> RunEvent | None:
+        """The newest value the run set for ``key`` (``ctx.set_event``), read from the runs
+        read model (caught up with ``<ns>.lifecycle``; no engine needed), following the
+        runs that carry it on (continue-as-new, retry as a new run): a key set again by a
+        later run answers with that value. `RunEvent.as_of` is the lifecycle offset the
+        answer reflects. None if the key is not set yet (`RunNotFound` if the model knows
+        no such run).
+
+        With ``wait`` (seconds or "5m"), waits until the key is set: raises `EventNotSet`
+        if the run ends first (and nothing carries it on), `TimeoutError` when ``wait``
+        passes."""
+        deadline = None if wait is None else time.monotonic() + seconds(wait)
+        while True:
+            with caught_up(self.namespace, self.settings, cache_dir) as (model, _):
+                found, last = run_event(model, run_id, key)
+            if found is not None:
+                return found
+            if deadline is None:
+                if last is None:
+                    raise RunNotFound(f"no run {run_id!r} in {self.topics.lifecycle}")
+                return None
+            if last is not None and chain_ended(last):
+                raise EventNotSet(
+                    f"run {last.run_id!r} ended {last.status} without setting {key!r}"
+                )
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"run {run_id!r} did not set {key!r} within {wait}")
+            time.sleep(0.2)
+
     # -- internals ---------------------------------------------------------------------
     def _send(self, cmd: Command, wait: bool = True) -> None:
         """Produce a command. With ``wait``, raise unless Kafka acknowledged it; without,
@@ -450,7 +533,7 @@ class Client:
             try:
                 while True:
                     info = self._replies.pop(request_id, None)
-                    if info is not None and (not wait or _ended(info)):
+                    if isinstance(info, RunInfoRecord) and (not wait or _ended(info)):
                         return info
                     now = time.monotonic()
                     if now >= deadline:
@@ -487,7 +570,7 @@ class Client:
                 msg = self.codec.decode(rec.value)
             except Exception:  # not ours to judge: the engine writes these topics
                 continue
-            if isinstance(msg, RunInfoRecord) and msg.request_id in self._asked:
+            if isinstance(msg, RunInfoRecord | QueryAnswer) and msg.request_id in self._asked:
                 self._replies[msg.request_id] = msg
 
     def _partition_count(self, topic: str, timeout: float) -> int:

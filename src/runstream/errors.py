@@ -23,6 +23,7 @@ RunstreamError
  ├─ RunRejected              client.result() of a start the engine refused
  ├─ ChildFailed              in a parent workflow: its child did not complete
  ├─ PromiseRejected          in a workflow: the promise it awaits was rejected
+ ├─ QueryFailed              client.query(): no such handler, or the handler raised
  └─ StepError                a step failed for good (raised inside workflow code)
      └─ TerminalStepError    raise it from a step: fail at once, no retry
 
@@ -30,6 +31,9 @@ SignalTimeout(RunstreamError, TimeoutError)  wait_for_signal(timeout=...) expire
 EventTimeout(RunstreamError, TimeoutError)   wait_for_event(timeout=...) expired
 PromiseTimeout(RunstreamError, TimeoutError) ctx.promise(timeout=...) expired uncompleted
 StepTimeout(RunstreamError, TimeoutError)    a step attempt ran past its timeout
+OwnerUnavailable(RunstreamError, TimeoutError) client.query(): no engine answered in time
+EventRefused(RunstreamError, ValueError)     ctx.set_event past its caps (value size, keys)
+EventNotSet(RunstreamError, LookupError)     get_event(wait=...): the run ended without it
 """
 
 from __future__ import annotations
@@ -271,3 +275,26 @@ class SignalTimeout(RunstreamError, TimeoutError):
 
 class StepTimeout(RunstreamError, TimeoutError):
     """A step attempt ran longer than its ``timeout``; it is retried by its policy."""
+
+
+# -- queries (issue 21 item 2) -----------------------------------------------------------
+
+
+class EventRefused(RunstreamError, ValueError):
+    """Raised in a workflow by ``ctx.set_event`` past its caps: a value larger than
+    `Limits.event_value`, or a new key past `Limits.event_keys` keys in the run."""
+
+
+class EventNotSet(RunstreamError, LookupError):
+    """``client.get_event(..., wait=...)``: the run ended (and nothing carries it on)
+    without setting the key."""
+
+
+class QueryFailed(RunstreamError):
+    """``client.query``: the run has no such query handler (yet), or the handler raised;
+    the message says which."""
+
+
+class OwnerUnavailable(RunstreamError, TimeoutError):
+    """``client.query``: no engine instance answered within the timeout (none runs, or
+    the run's partition is between owners)."""

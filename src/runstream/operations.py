@@ -33,7 +33,7 @@ from runstream.engine import payload
 from runstream.engine.partitioner import partition_for
 from runstream.engine.workflow import seconds
 from runstream.errors import DecodeError, TopicError
-from runstream.projections.runs import CatchUp, Progress, RunQuery, RunRow, RunsModel
+from runstream.projections.runs import CLOSED, CatchUp, Progress, RunQuery, RunRow, RunsModel
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import END_FACTS, TERMINAL, Record, Status
 from runstream.settings import Settings, cache_dir
@@ -156,6 +156,51 @@ class CancelReport:
     def by_status(self) -> dict[str, int]:
         """How many runs ended in each status."""
         return dict(Counter(self.statuses.values()))
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """A run's event (``ctx.set_event``) as `Client.get_event` reads it from the runs read
+    model: its newest value, and where that answer stands on ``<ns>.lifecycle``."""
+
+    run_id: str  # the run that set it: the one asked about, or one carrying it on
+    key: str
+    value: Any
+    seq: int
+    set_at: datetime | None
+    partition: int  # the lifecycle partition of the run that set it
+    offset: int  # where its run.event_set lies in that partition
+    as_of: int  # the model had read that partition up to here: the answer reflects every
+    # event before this offset (a value set later is not in it)
+
+
+def run_event(model: RunsModel, run_id: str, key: str) -> tuple[RunEvent | None, RunRow | None]:
+    """The newest value of ``key`` set by ``run_id`` or a run that carries it on
+    (continue-as-new, retry as a new run), and the last run of that chain the model knows
+    (None: not even ``run_id``)."""
+    found, row, seen = None, model.get(run_id), {run_id}
+    last = row
+    while row is not None:
+        last = row
+        event = model.event(row.run_id, key)
+        if event is not None:
+            at = _datetime(event.at_ms)
+            as_of = model.offsets().get(event.partition, event.offset + 1)
+            value = payload.loads(event.value.encode())
+            found = RunEvent(
+                row.run_id, key, value, event.seq, at, event.partition, event.offset, as_of
+            )
+        nxt = row.continued_as
+        if nxt is None or nxt in seen:
+            break
+        seen.add(nxt)
+        row = model.get(nxt)
+    return found, last
+
+
+def chain_ended(row: RunRow) -> bool:
+    """The run ended and no run carries it on (it will set nothing more)."""
+    return row.status in CLOSED and row.continued_as is None
 
 
 # -- the runs read model -----------------------------------------------------------------

@@ -6,6 +6,7 @@
     run = t.start("checkout", {"amount": 10}, run_id="o-1")  # runs until it ends or waits
     t.signal("o-1", "approve", {"by": "ann"})
     t.resolve(run.promises[0], {"ok": True})                 # a durable promise's id
+    t.query("o-1", "status"); run.events["stage"]            # @ctx.query_handler, set_event
     t.run_until_idle()            # jumps to each next timer: a 30-day sleep takes no time
     assert run.result() == {...}
 
@@ -41,6 +42,7 @@ from runstream.engine.state import RunState, State, Status, new_state
 from runstream.engine.work import Batch, LogRecord, StepJob, StepOutcome, Work
 from runstream.engine.workflow import seconds, step_def
 from runstream.errors import (
+    QueryFailed,
     RunCancelled,
     RunNotFound,
     RunRejected,
@@ -56,9 +58,12 @@ from runstream.schemas.records import (
     CompletePromise,
     DeadLetter,
     Fact,
+    LiveQuery,
     PromiseCreated,
     PublishEvent,
+    QueryAnswer,
     Reason,
+    RunEventSet,
     ScheduleCommand,
     Signal,
     StartRun,
@@ -166,6 +171,20 @@ class Run:
         return [f.promise_id for f in self.history if isinstance(f, PromiseCreated)]
 
     @property
+    def events(self) -> dict[str, Any]:
+        """The newest value of each key the run set (``ctx.set_event``), following the runs
+        that carry it on, as `Client.get_event` reads them."""
+        out: dict[str, Any] = {}
+        st: RunState | None = self.state
+        while st is not None:
+            for f in self._tester.journal:
+                if f.run_id == st.run_id and isinstance(f, RunEventSet):
+                    out[f.key] = payload.loads(f.value)
+            nxt = st.continued_as or st.retried_as
+            st = self._tester._state(nxt) if nxt else None
+        return out
+
+    @property
     def steps(self) -> list[StepAttempt]:
         """The step bodies run for this run, in order (retries and compensations too)."""
         return [s for s in self._tester.steps_run if s.run_id == self.run_id]
@@ -214,6 +233,7 @@ class WorkflowTester:
         self.journal: list[Fact] = []
         self.steps_run: list[StepAttempt] = []
         self.dead_letters: list[DeadLetter] = []
+        self._answers: dict[str, QueryAnswer] = {}  # live queries' answers, by request id
 
     # -- what tests do ---------------------------------------------------------------
     @property
@@ -310,6 +330,19 @@ class WorkflowTester:
             )
         )
 
+    def query(self, run_id: str, name: str, arg: Any = None) -> Any:
+        """What the run's query handler ``name`` returns for ``arg`` (see `Client.query`);
+        the run does not change. Raises RunNotFound, or QueryFailed."""
+        request_id = f"test-query-{len(self._answers) + 1}"
+        cmd = LiveQuery(run_id, request_id, reply_to="tester", name=name, arg=payload.dumps(arg))
+        self._send(cmd)
+        answer = self._answers[request_id]
+        if not answer.found:
+            raise RunNotFound(f"no run {run_id!r} was started in this tester")
+        if answer.error is not None:
+            raise QueryFailed(answer.error)
+        return payload.loads(answer.value or b"null")
+
     def cancel(self, run_id: str, *, compensate: bool = False, reason: str = "") -> None:
         """Cancel a run (see `Client.cancel`). Raises RunNotFound."""
         self._send(Cancel(run_id, compensate, reason=reason))
@@ -378,6 +411,7 @@ class WorkflowTester:
             self._timers.update(PARTITION, run_id, w.before.timers(), w.after.timers())
         self.journal += fx.facts
         self.dead_letters += fx.dead_letters
+        self._answers |= {a.request_id: a for _, a in fx.replies if isinstance(a, QueryAnswer)}
         for cmd in fx.commands:  # to other runs: continue-as-new, children and their ends
             self._queue_command(cmd)
         for job in fx.steps:

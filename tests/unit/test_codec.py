@@ -76,7 +76,7 @@ def codec() -> Codec:
 
 
 def test_every_shipped_file_is_a_documented_runstream_record() -> None:
-    assert len(SHIPPED) == 64
+    assert len(SHIPPED) == 67
     for filename, schema in ALL_FILES.items():
         assert filename.startswith(f"runstream.{schema['name']}.")
         assert schema["namespace"] == "runstream"
@@ -184,6 +184,7 @@ FIELDS = {
     "PermitReceived": [*_FACT, "seq", "limit", "attempt", "granted", "reason"],
     "Query": ["run_id", "request_id", "reply_to", "wait"],
     "CompletePromise": ["run_id", "promise_id", "value", "error", "sent_at_ms"],
+    "LiveQuery": ["run_id", "request_id", "reply_to", "name", "arg", "sent_at_ms"],
     "RunStarted": [
         *_FACT,
         "workflow",
@@ -221,6 +222,7 @@ FIELDS = {
     "ValueRecorded": [*_FACT, "seq", "name", "value"],
     "PromiseCreated": [*_FACT, "seq", "promise_id", "timeout_at_ms"],
     "PromiseCompleted": [*_FACT, "seq", "value", "error", "timed_out"],
+    "RunEventSet": [*_FACT, "seq", "key", "value"],
     "StepHandedOver": [*_FACT, "seq", "name", "attempt", "ran"],
     "RunRecovered": [*_FACT, "seq", "recoveries"],
     "CompensationStarted": [*_FACT, "error", "traceback", "cancelled"],
@@ -249,6 +251,7 @@ FIELDS = {
         "code",
         "tags",
         "input",
+        "key",
     ],
     "StepTask": [
         "run_id",
@@ -294,6 +297,7 @@ FIELDS = {
         "parent_run_id",
         "children",
     ],
+    "QueryAnswer": ["request_id", "run_id", "found", "value", "error"],
     "Event": ["name", "payload", "event_id"],
 }
 

@@ -55,10 +55,12 @@ from runstream.schemas.records import (
     EventReceived,
     EventSubscribed,
     Heartbeat,
+    LiveQuery,
     PermitRequested,
     PromiseCompleted,
     PromiseCreated,
     PublishEvent,
+    QueryAnswer,
     Retry,
     RunFailed,
     RunRetried,
@@ -187,8 +189,24 @@ async def promised(ctx: Any, n: int) -> list[Any]:
     return got
 
 
+@app.workflow
+async def published(ctx: Any, n: int) -> int:
+    """Events set around a step (which may fail: the run is retried), a sleep and a
+    continue-as-new (odd inputs); a live query handler over the workflow's variables."""
+    done: list[Any] = []
+    ctx.query_handler("done")(lambda: list(done))
+    ctx.set_event("stage", "started")
+    done.append(await ctx.step(work, n))
+    ctx.set_event("stage", "stepped")
+    if n % 2 and "continue-as-new" not in EXCLUDE:
+        ctx.continue_as_new(n + 1)
+    await ctx.sleep(1)
+    ctx.set_event("stage", "slept")
+    return n
+
+
 ENGINE_LOG = logging.getLogger("runstream.engine")
-WORKFLOWS = ("saga", "waiter", "chain", "keyed", "parent", "promised")
+WORKFLOWS = ("saga", "waiter", "chain", "keyed", "parent", "promised", "published")
 HOW = hs.sampled_from(["ok", "retryable", "terminal"])
 INDEX = hs.integers(0, 1_000)
 
@@ -502,6 +520,21 @@ class CoreModel(RuleBasedStateMachine):
         cmd = CompletePromise(target, promise_id(target, 1), value=value, error=error)
         self.completions.append(cmd)
         self.shell.send(cmd)
+
+    @precondition(lambda self: self.started)
+    @rule(i=INDEX)
+    def live_query(self, i: int) -> None:
+        """A live query of any run, answered at once (it waits in no queue here): it adds
+        no fact, and a run that exists is found."""
+        shell, target = self.shell, self._pick(self._known(), i)
+        facts = len(shell.journal)
+        request = f"q{facts}-{i}"
+        b = shell.run(shell.record(LiveQuery(target, request, reply_to="m", name="done", arg=b"1")))
+        assert shell.journal[facts:] == [], f"a query of {target} added facts"
+        answers = [a for _, a in (b.effects.replies if b else []) if isinstance(a, QueryAnswer)]
+        assert [a.request_id for a in answers] == [request]
+        st = shell.state(target)
+        assert answers[0].found == (isinstance(st, RunState) and st.exists)
 
     # -- Kafka, step bodies, task workers, time --------------------------------------
     @precondition(lambda self: self.shell.pending())

@@ -20,8 +20,8 @@ Per run (ARCHITECTURE.md section 7):
   and a child that could not start (ChildEnded ``rejected``), settle their seq at once;
 - a PermitReceived answers the run's PermitRequested of that seq, and a run waiting for
   a permit is suspended for it;
-- a PromiseCreated settles its seq; a PromiseCompleted completes an open promise of the
-  run, once, and a run with an open promise may be suspended for it;
+- a PromiseCreated settles its seq (as a RunEventSet does); a PromiseCompleted completes
+  an open promise of the run, once, and a run with an open promise may be suspended for it;
 - a limit entity (``~limit/...``) never holds more permits than its concurrency, grants
   each request once, and takes back only permits it granted or requests it queued;
 - every dead run has a ``run-dead`` record on the dlq;
@@ -55,6 +55,7 @@ from runstream.schemas.records import (
     PromiseCompleted,
     PromiseCreated,
     RetriedAsNew,
+    RunEventSet,
     RunParked,
     RunRecovered,
     RunRejected,
@@ -102,6 +103,7 @@ _OPENED_BY = {
     "SignalReceived": ("SignalAwaited",),
     "ValueRecorded": (),
     "PromiseCreated": (),
+    "RunEventSet": (),
     "EventReceived": ("EventAwaited",),
     "EventTimedOut": ("EventAwaited",),
 }
@@ -139,7 +141,8 @@ def settles(fact: Fact) -> bool:
         | ChildEnded
         | EventReceived
         | EventTimedOut
-        | PromiseCreated,
+        | PromiseCreated
+        | RunEventSet,
     )
 
 
@@ -253,6 +256,7 @@ class RunCheck:
                 | EventReceived()
                 | EventTimedOut()
                 | PromiseCreated()
+                | RunEventSet()
             ):
                 if self._settled_twice(name, fact.seq, pos):
                     return

@@ -22,6 +22,7 @@ from runstream.cli.audit_cmd import audit
 from runstream.cli.dlq_cmd import dlq
 from runstream.cli.kafka_cmd import kafka
 from runstream.cli.promise_cmd import promise
+from runstream.cli.queries_cmd import event, query
 from runstream.cli.replay_cmd import replay_cmd
 from runstream.cli.runs_cmd import runs, versions
 from runstream.cli.runs_ops import cancel_where, resume, retry
@@ -69,7 +70,7 @@ cli.add_command(audit)
 cli.add_command(kafka)
 cli.add_command(topics)
 cli.add_command(runs)
-for command in (retry, resume, cancel_where):  # defined beside runs_cmd: they act on runs
+for command in (retry, resume, cancel_where, event, query):  # beside runs_cmd: on runs
     runs.add_command(command)
 cli.add_command(versions)
 cli.add_command(replay_cmd)

@@ -366,6 +366,8 @@ def _detail(ev: LifecycleEvent) -> str:
         parts.append(f"{ev.step} #{ev.seq} attempt {ev.attempt}")
     if ev.duration_ms is not None:
         parts.append(f"took {took(ev.duration_ms)}")
+    if ev.key is not None:  # run.event_set: the key and its new value
+        parts.append(f"{ev.key} = {(ev.output or b'null').decode(errors='replace')}")
     parts += [x for x in (ev.error, ev.reason) if x]
     return "; ".join(parts)
 

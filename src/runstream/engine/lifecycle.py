@@ -18,6 +18,7 @@ from runstream.schemas.records import (
     RunCancelled,
     RunCompleted,
     RunDead,
+    RunEventSet,
     RunFailed,
     RunParked,
     RunRejected,
@@ -107,6 +108,8 @@ def event(fact: Fact, state: RunState) -> LifecycleEvent | None:
             return ev(Kind.RUN_DEAD, duration_ms=run_time, reason=reason)
         case RunRejected(code=code, reason=reason):
             return ev(Kind.RUN_REJECTED, reason=reason, code=code)
+        case RunEventSet(seq=seq, key=key, value=value):
+            return ev(Kind.RUN_EVENT_SET, seq=seq, key=key, output=value)
         case RetriedAsNew(new_run_id=successor, reason=reason):
             why = f"{reason}: retried as {successor} with new input"
             return ev(Kind.RUN_RETRIED, reason=why, continued_as=successor)

@@ -31,6 +31,10 @@ class Limits:
     history_events_max: int = 50_000
     history_bytes_warn: int = 10 * 1024 * 1024
     history_bytes_max: int = 50 * 1024 * 1024
+    # ctx.set_event: the largest value (JSON bytes; never above `payload`), and how many
+    # distinct keys one run may set (the runs read model keeps each).
+    event_value: int = 64 * 1024
+    event_keys: int = 100
 
     def __post_init__(self) -> None:
         if self.max_record <= 2 * ENVELOPE:

@@ -48,6 +48,7 @@ from runstream.schemas.records import (
     RunCancelled,
     RunCompleted,
     RunDead,
+    RunEventSet,
     RunFailed,
     RunParked,
     RunRecovered,
@@ -195,6 +196,8 @@ def _run(state: RunState, fact: Fact) -> None:
         case PromiseCompleted():  # its one outcome, kept for the awaits (not a settle)
             state.resolved[fact.seq] = fact
             state.promises.pop(fact.seq, None)
+        case RunEventSet():  # settled: a replay does not set it again
+            _settle(state, fact)
         case _:
             raise UnknownFactError(type(fact).__name__)
 
@@ -269,7 +272,8 @@ def _settle(
     | ChildEnded
     | EventReceived
     | EventTimedOut
-    | PromiseCreated,
+    | PromiseCreated
+    | RunEventSet,
 ) -> None:
     state.pending.pop(fact.seq, None)
     state.beats.pop(fact.seq, None)

@@ -15,6 +15,7 @@ take the engine down, not even with ``SystemExit`` or ``KeyboardInterrupt``.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import random as _random
 import traceback
@@ -27,14 +28,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 from runstream.engine import payload
+from runstream.engine.limits import Limits
 from runstream.engine.state import RunState
 from runstream.engine.workflow import Registry, StepDef, WorkflowDef, seconds
 from runstream.errors import (
     ChildFailed,
+    EventRefused,
     EventTimeout,
     NonDeterminismError,
     PromiseRejected,
     PromiseTimeout,
+    QueryFailed,
     SignalTimeout,
     StepError,
 )
@@ -48,6 +52,7 @@ from runstream.schemas.records import (
     PermitRequested,
     PromiseCompleted,
     PromiseCreated,
+    RunEventSet,
     SeqFact,
     SignalAwaited,
     SignalReceived,
@@ -166,8 +171,15 @@ class Compensation:
     args: tuple[Any, ...]
 
 
-#: Facts the workflow code records as it runs (no wait needed): values, promises' ids.
-Recorded = ValueRecorded | PromiseCreated
+#: Facts the workflow code records as it runs (no wait needed): values, promises' ids,
+#: the run's events (`Context.set_event`).
+Recorded = ValueRecorded | PromiseCreated | RunEventSet
+
+#: The longest key of `Context.set_event`, in bytes of UTF-8 (a read model key holds it).
+MAX_EVENT_KEY_BYTES = 255
+
+#: A live query handler (`Context.query_handler`): called with the query's argument.
+QueryHandler = Callable[..., Any]
 
 
 @dataclass(slots=True)
@@ -217,6 +229,8 @@ def _op(fact: SeqFact) -> str:
             return "step"  # waits for a permit of its queue: a step, its name not recorded
         case PromiseCreated() | PromiseCompleted():
             return "promise"
+        case RunEventSet():
+            return f"set_event {fact.key}"
     raise TypeError(type(fact).__name__)  # pragma: no cover - SeqFact is closed
 
 
@@ -262,7 +276,9 @@ class Context:
     `now`, `uuid` and `random` rather than the clock or `random`, and do I/O in steps.
     """
 
-    def __init__(self, state: RunState, registry: Registry, now_ms: int) -> None:
+    def __init__(
+        self, state: RunState, registry: Registry, now_ms: int, limits: Limits | None = None
+    ) -> None:
         self.run_id = state.run_id
         self.workflow = state.workflow
         self.version = state.version
@@ -272,6 +288,10 @@ class Context:
         self._seq = 0
         self._new: list[Recorded] = []
         self._compensations: list[Compensation] = []
+        self._limits = limits or Limits()
+        self._queries: dict[str, QueryHandler] = {}
+        self._querying = False  # a query handler runs: no durable operation may
+        self._keys: tuple[tuple[int, int], set[str]] | None = None  # (state, its keys)
 
     # -- durable operations ------------------------------------------------------
     async def step(
@@ -434,6 +454,60 @@ class Context:
             raise PromiseRejected(promise.id, fact.error)
         return payload.loads(fact.value or b"null")
 
+    def set_event(self, key: str, value: Any = None) -> None:
+        """Publish ``value`` under ``key`` for readers outside the run: a fact in the
+        journal (a replay does not record it again) and a ``run.event_set`` event on the
+        lifecycle stream, which `Client.get_event` reads from the runs read model, with
+        no engine needed. Setting a key again replaces its value. Raises `EventRefused`
+        for a value larger than `Limits.event_value` bytes of JSON, or a new key past
+        `Limits.event_keys` keys in this run."""
+        seq = self._next()
+        key = str(key)
+        if self._recorded(seq, "set_event " + key) is not None:
+            return
+        if not 0 < len(key.encode()) <= MAX_EVENT_KEY_BYTES:
+            raise EventRefused(f"an event key is 1 to {MAX_EVENT_KEY_BYTES} bytes, not {key!r}")
+        data = payload.dumps(value)
+        most = min(self._limits.event_value, self._limits.payload)
+        if len(data) > most:
+            raise EventRefused(
+                f"ctx.set_event({key!r}): the value is {len(data):,} bytes of JSON; "
+                f"the limit is {most:,} (Limits.event_value)"
+            )
+        keys = self._event_keys()
+        if key not in keys and len(keys) >= self._limits.event_keys:
+            raise EventRefused(
+                f"ctx.set_event({key!r}): run {self.run_id!r} has set {len(keys)} keys, the "
+                "limit (Limits.event_keys); set one of them again, or keep a dict in one key"
+            )
+        self._new.append(RunEventSet(self.run_id, self._now_ms, seq=seq, key=key, value=data))
+        keys.add(key)
+
+    def _event_keys(self) -> set[str]:
+        """The keys this run has set so far (recorded, and earlier in this replay): read
+        from the history once per state the code runs against, not once per call."""
+        token = (id(self._state), self._state.facts)
+        if self._keys is None or self._keys[0] != token:
+            facts = [*self._state.resolved.values(), *self._new]
+            self._keys = (token, {f.key for f in facts if isinstance(f, RunEventSet)})
+        return self._keys[1]
+
+    def query_handler(self, name: str) -> Callable[[QueryHandler], QueryHandler]:
+        """Declare a live query handler, as a decorator, on a plain (not async) function:
+        ``client.query(run_id, name, arg)`` calls it (with ``arg`` if it takes one) on the
+        run's owner, on the workflow as replayed to its current state, and answers with
+        what it returns (JSON). Handlers read the workflow's variables (a closure); they
+        may not call durable operations, and a query never changes the journal. Declare
+        them before the first wait so every query finds them."""
+
+        def register(fn: QueryHandler) -> QueryHandler:
+            if inspect.iscoroutinefunction(inspect.unwrap(fn)):
+                raise TypeError(f"query handler {name!r} must be a plain def, not async")
+            self._queries[name] = fn
+            return fn
+
+        return register
+
     def now(self) -> datetime:
         """The time, recorded on first execution so replays see the same value."""
         return datetime.fromtimestamp(self._value("now", lambda: self._now_ms) / 1000, UTC)
@@ -452,6 +526,11 @@ class Context:
 
     # -- internals ---------------------------------------------------------------
     def _next(self) -> int:
+        if self._querying:
+            raise RuntimeError(
+                "a query handler may not call durable operations (ctx.step, ctx.set_event, "
+                "ctx.now, ...): a query never changes the run"
+            )
         self._seq += 1
         return self._seq
 
@@ -493,6 +572,47 @@ def replay(
     return result
 
 
+def query(
+    wf: WorkflowDef,
+    state: RunState,
+    registry: Registry,
+    now_ms: int,
+    name: str,
+    arg: Any,
+    guard: Callable[[], AbstractContextManager[None]] | None = None,
+) -> Any:
+    """What the workflow's query handler ``name`` returns for ``arg``, on the workflow
+    replayed to ``state`` (from the start, never the `Replayer`'s cached coroutine, which
+    a query must not move; what the replay would record is dropped). ``guard`` gives a
+    bracket for each run of user code (the shell's time budget). Raises `QueryFailed`."""
+    guard = guard or contextlib.nullcontext
+    live = _Live(wf, Context(state, registry, now_ms))
+    try:
+        outcome = live.run(state, now_ms, guard()).outcome
+        if isinstance(outcome, NonDeterministic):
+            raise QueryFailed(f"the run no longer fits the workflow's code: {outcome.error}")
+        if isinstance(outcome, Overran):
+            raise QueryFailed("the workflow's code ran past its time budget while replaying")
+        ctx = live.ctx
+        fn = ctx._queries.get(name)
+        if fn is None:
+            known = ", ".join(repr(q) for q in sorted(ctx._queries)) or "none"
+            raise QueryFailed(
+                f"run {state.run_id!r} has no query handler {name!r} (its handlers: {known})"
+            )
+        ctx._querying = True
+        try:
+            with guard():
+                takes = bool(inspect.signature(fn).parameters)
+                return fn(arg) if takes else fn()
+        except Overrun:
+            raise QueryFailed(f"query {name!r} ran past its time budget") from None
+        except BaseException as exc:  # user code, as in `replay`
+            raise QueryFailed(f"query {name!r} raised {type(exc).__name__}: {exc}") from None
+    finally:
+        live.close()
+
+
 class Replayer:
     """Replays runs, resuming the suspended coroutines of up to ``size`` recent runs.
 
@@ -501,8 +621,8 @@ class Replayer:
     aborted transaction, a revoked partition), so a coroutine is never ahead of its run.
     """
 
-    def __init__(self, registry: Registry, size: int = 1024) -> None:
-        self.registry, self.size = registry, size
+    def __init__(self, registry: Registry, size: int = 1024, limits: Limits | None = None) -> None:
+        self.registry, self.size, self.limits = registry, size, limits
         self._live: OrderedDict[str, _Live] = OrderedDict()
 
     def replay(
@@ -523,7 +643,8 @@ class Replayer:
         ):
             if live is not None:
                 live.close()
-            live = _Live(wf, Context(state, self.registry, now_ms), state.retries)
+            ctx = Context(state, self.registry, now_ms, self.limits)
+            live = _Live(wf, ctx, state.retries)
         result = live.run(state, now_ms, guard)
         if isinstance(result.outcome, Blocked):
             live.facts = state.facts + len(result.new_facts)

@@ -13,6 +13,8 @@ row keeps it whole and a query compares whole values, so listings stay exact):
 
     r <run>                                   the run's row (JSON, `RunRow`)
     e <run> 00 <n: 4B BE>                     its n-th lifecycle event, as read
+    v <run> 00 <key>                          its event ``key`` (ctx.set_event), newest
+                                              value (JSON, `EventRow`)
     a T <run>                                 every run
     s |status| T <run>                        by status
     w |workflow| T <run>                      by workflow
@@ -84,6 +86,19 @@ class RunRow:
         out = dataclasses.asdict(self)
         out["input"], out["output"] = _json(self.input), _json(self.output)
         return out
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """A run's event (``ctx.set_event``) as the model last read it: the value (JSON
+    text), and where its ``run.event_set`` lies on the lifecycle topic."""
+
+    key: str
+    value: str
+    seq: int
+    at_ms: int
+    partition: int
+    offset: int
 
 
 def fold(row: RunRow | None, ev: LifecycleEvent) -> RunRow | None:
@@ -282,6 +297,7 @@ class RunsModel:
     def apply(self, records: Iterable[LogRecord], positions: Mapping[int, int]) -> None:
         """Fold ``records`` in and store ``positions``, in one WriteBatch."""
         changed: dict[str, tuple[RunRow | None, RunRow, list[bytes]]] = {}
+        sets: dict[bytes, EventRow] = {}  # the newest value of each (run, key) read here
         for rec in records:
             try:
                 ev = self.codec.decode(rec.value)
@@ -299,6 +315,10 @@ class RunsModel:
             else:
                 before = current = self.get(ev.run_id)
             row = fold(current, ev)
+            if ev.type == Kind.RUN_EVENT_SET and ev.key is not None:
+                text = _text(ev.output) or "null"
+                found = EventRow(ev.key, text, ev.seq or 0, ev.at_ms, rec.partition, rec.offset)
+                sets[_event_key(ev.run_id, ev.key)] = found
             if row is not None and row is not current:
                 values.append(rec.value or b"")
                 changed[ev.run_id] = (before, row, values)
@@ -325,6 +345,8 @@ class RunsModel:
                 raw = self.db.get(key)
                 n = (int.from_bytes(raw, "big") if raw else 0) + delta
                 batch.put(key, n.to_bytes(8, "big")) if n else batch.delete(key)
+        for key, found in sets.items():
+            batch.put(key, json.dumps(dataclasses.asdict(found)).encode())
         for p, offset in positions.items():
             batch.put(b"o" + p.to_bytes(4, "big"), offset.to_bytes(8, "big"))
         self.db.write(batch)
@@ -338,6 +360,11 @@ class RunsModel:
     def get(self, run_id: str) -> RunRow | None:
         raw = self.db.get(b"r" + run_id.encode())
         return None if raw is None else RunRow(**json.loads(raw))
+
+    def event(self, run_id: str, key: str) -> EventRow | None:
+        """The run's event ``key`` as last set (``ctx.set_event``), or None."""
+        raw = self.db.get(_event_key(run_id, key))
+        return None if raw is None else EventRow(**json.loads(raw))
 
     def events(self, run_id: str) -> list[LifecycleEvent]:
         """The run's lifecycle events, in order."""
@@ -420,6 +447,10 @@ def _index_keys(row: RunRow) -> set[bytes]:
         keys.add(b"w" + _pack(row.workflow) + t + run)
     keys |= {b"g" + _pack(k) + _pack(v) + t + run for k, v in row.tags.items()}
     return keys
+
+
+def _event_key(run_id: str, key: str) -> bytes:
+    return b"v" + run_id.encode() + b"\x00" + key.encode()
 
 
 def _count_key(row: RunRow) -> bytes:

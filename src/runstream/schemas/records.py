@@ -55,6 +55,7 @@ class Kind(StrEnum):
     STEP_FAILED = "step.failed"
     STEP_HANDED_OVER = "step.handed_over"
     STEP_RESULT_IGNORED = "step.result_ignored"
+    RUN_EVENT_SET = "run.event_set"  # ctx.set_event: ``key`` and the value in ``output``
 
 
 class Reason(StrEnum):
@@ -429,6 +430,20 @@ class Query(Record):
     wait: bool = False
 
 
+# -- queries (issue 21 item 2): a live query of a run's @query handler ---------------
+
+
+@dataclass(frozen=True, slots=True)
+class LiveQuery(Record):
+    run_id: str
+    request_id: str
+    _: KW_ONLY
+    reply_to: str
+    name: str
+    arg: bytes  # JSON
+    sent_at_ms: int = 0
+
+
 Command = (
     StartRun
     | Signal
@@ -446,6 +461,7 @@ Command = (
     | Release
     | Query
     | CompletePromise
+    | LiveQuery
 )
 COMMANDS: tuple[type[Record], ...] = Command.__args__
 
@@ -614,6 +630,16 @@ class PromiseCompleted(Record):
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+@dataclass(frozen=True, slots=True)
+class RunEventSet(Record):
+    run_id: str
+    at_ms: int
+    _: KW_ONLY
+    seq: int
+    key: str
+    value: bytes  # JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -959,6 +985,7 @@ Fact = (
     | RetriedAsNew
     | PromiseCreated
     | PromiseCompleted
+    | RunEventSet
 )
 FACTS: tuple[type[Record], ...] = Fact.__args__
 END_FACTS = {
@@ -989,6 +1016,7 @@ SeqFact = (
     | PermitReceived
     | PromiseCreated
     | PromiseCompleted
+    | RunEventSet
 )
 
 
@@ -1017,6 +1045,7 @@ class LifecycleEvent(Record):
     code: str | None = None
     tags: dict[str, str] = field(default_factory=dict)  # run.started
     input: bytes | None = None  # run.started
+    key: str | None = None  # run.event_set
 
 
 @dataclass(frozen=True, slots=True)
@@ -1106,12 +1135,25 @@ class Event(Record):
     event_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class QueryAnswer(Record):
+    """Topic <ns>.replies, keyed by the asking client's id: the answer to a LiveQuery."""
+
+    request_id: str
+    run_id: str
+    _: KW_ONLY
+    found: bool
+    value: bytes | None = None  # the handler's result, JSON
+    error: str | None = None  # why there is no value
+
+
 _ALL: tuple[type[Record], ...] = (
     *COMMANDS,
     *FACTS,
     LifecycleEvent,
     DeadLetter,
     RunInfo,
+    QueryAnswer,
     StepTask,
     Event,
 )

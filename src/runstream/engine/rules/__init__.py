@@ -15,7 +15,7 @@ turns that into a dead letter. No I/O, and workflow code runs only through `repl
 - `timers`: due times                 - `children`: child runs
 - `events`: named events              - `limits`: permits
 - `schedules`: schedules              - `retry`, `cancel`
-- `promises`: durable promises
+- `promises`: durable promises      - `queries`: live queries
 - `core`: the loop they all end in (advance, follow, compensate, park, emit)
 
 Who may import it: `engine.decide` (and tests); it imports only from `engine` and
@@ -34,6 +34,7 @@ from runstream.engine.rules import (
     events,
     limits,
     promises,
+    queries,
     remote,
     retry,
     runs,
@@ -59,6 +60,7 @@ from runstream.schemas.records import (
     DeliverEvent,
     Grant,
     Heartbeat,
+    LiveQuery,
     PublishEvent,
     Query,
     Release,
@@ -98,6 +100,7 @@ HANDLERS: dict[type[object], Entry] = {
     Grant: Entry(RunState, limits.grant),
     CompletePromise: Entry(RunState, promises.complete),
     Query: Entry(None, runs.query),  # any id: an entity's is a run not found
+    LiveQuery: Entry(None, queries.live_query),  # likewise
     # an entity's commands
     PublishEvent: Entry(EventEntityState, events.publish),
     Subscribe: Entry(EventEntityState, events.subscribe),

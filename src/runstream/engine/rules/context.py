@@ -35,7 +35,7 @@ class Rules:
         activation: Activation | None = None,
     ) -> None:
         self.registry = registry
-        self.replayer = Replayer(registry)
+        self.replayer = Replayer(registry, limits=limits)
         self.journal_topic = journal_topic  # where a dead run's dead letter points
         self.limits = limits
         self.max_recovery_attempts = max_recovery_attempts
