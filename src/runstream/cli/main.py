@@ -6,6 +6,7 @@ stderr, and the command exits 1; ``-v`` adds the traceback and librdkafka's own 
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import sys
@@ -14,30 +15,62 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.tree import Tree
 
 from runstream.cli import options
-from runstream.cli.audit_cmd import audit
-from runstream.cli.dlq_cmd import dlq
-from runstream.cli.kafka_cmd import kafka
-from runstream.cli.promise_cmd import promise
-from runstream.cli.queries_cmd import event, query
-from runstream.cli.replay_cmd import replay_cmd
-from runstream.cli.runs_cmd import runs, versions
-from runstream.cli.runs_ops import cancel_where, resume, retry
-from runstream.cli.schedules_cmd import schedules
-from runstream.cli.sources_cmd import sources
-from runstream.cli.tasks_cmd import tasks
-from runstream.cli.tasks_status import status as tasks_status
-from runstream.cli.topics_cmd import topics
-from runstream.cli.ui_cmd import ui
 from runstream.errors import RunstreamError
 from runstream.instance import read_health
 from runstream.topics.logs import LOGGER_NAME
 
+#: The command groups kept in modules of their own, imported only when one is used (a
+#: `runstream worker` starts faster, which a restart after a crash waits for):
+#: name -> (module, attribute, the commands of other modules it carries too).
+LAZY: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "audit": ("audit_cmd", "audit", ()),
+    "kafka": ("kafka_cmd", "kafka", ()),
+    "topics": ("topics_cmd", "topics", ()),
+    "runs": (
+        "runs_cmd",
+        "runs",
+        (
+            "runs_ops:retry",
+            "runs_ops:resume",
+            "runs_ops:cancel_where",
+            "queries_cmd:event",
+            "queries_cmd:query",
+        ),
+    ),
+    "versions": ("runs_cmd", "versions", ()),
+    "replay": ("replay_cmd", "replay_cmd", ()),
+    "dlq": ("dlq_cmd", "dlq", ()),
+    "schedules": ("schedules_cmd", "schedules", ()),
+    "sources": ("sources_cmd", "sources", ()),
+    "tasks": ("tasks_cmd", "tasks", ("tasks_status:status",)),
+    "promise": ("promise_cmd", "promise", ()),
+    "ui": ("ui_cmd", "ui", ()),
+}
+
+
+def _command(path: str) -> Any:
+    """``module:attribute`` of `runstream.cli` -> that object."""
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(f"runstream.cli.{module}"), attr)
+
 
 class _Cli(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *LAZY])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in LAZY or name in self.commands:
+            return super().get_command(ctx, name)
+        module, attr, extra = LAZY[name]
+        command: click.Command = _command(f"{module}:{attr}")
+        if isinstance(command, click.Group):
+            for path in extra:
+                command.add_command(_command(path))
+        self.add_command(command, name)
+        return command
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -64,23 +97,6 @@ def cli(verbose: bool) -> None:
     )
     # Runstream says itself when Kafka cannot be reached; librdkafka's lines only with -v.
     logging.getLogger(LOGGER_NAME).setLevel(logging.DEBUG if verbose else logging.CRITICAL)
-
-
-cli.add_command(audit)
-cli.add_command(kafka)
-cli.add_command(topics)
-cli.add_command(runs)
-for command in (retry, resume, cancel_where, event, query):  # beside runs_cmd: on runs
-    runs.add_command(command)
-cli.add_command(versions)
-cli.add_command(replay_cmd)
-cli.add_command(dlq)
-cli.add_command(schedules)
-cli.add_command(sources)
-cli.add_command(tasks)
-cli.add_command(promise)
-tasks.add_command(tasks_status)
-cli.add_command(ui)
 
 
 @cli.command()
@@ -241,6 +257,9 @@ TREE_DEPTH = 10
 @click.option("--tree", is_flag=True, help="Draw the run and its child runs, theirs too.")
 def get_run(run_id: str, namespace: str, bootstrap: str | None, tree: bool) -> None:
     """Show RUN_ID's status, as its owning instance knows it (JSON), or its tree."""
+    from rich.console import Console
+    from rich.tree import Tree
+
     with _client(namespace, bootstrap) as client:
         if not tree:
             click.echo(client.get_run(run_id).model_dump_json(indent=2))
