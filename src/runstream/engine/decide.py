@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
+from runstream.engine.interceptors import kafka_headers
 from runstream.engine.limits import Limits
 from runstream.engine.partitioner import partition_for
 from runstream.engine.reducer import apply
@@ -124,7 +126,10 @@ class Decider:
         if home != rec.partition:  # a producer with another partitioner: route it home
             b.effects.forwards.append(Forward(home, rec.key, value))
             return None
-        too_large = self.limits.too_large(f"the {cmd.AVRO} command", len(value))
+        if isinstance(cmd, StartRun) and rec.headers:  # a plain producer's traceparent, say
+            cmd = replace(cmd, headers={**kafka_headers(rec.headers), **cmd.headers})
+        size = len(value) + sum(len(k) + len(v) for k, v in rec.headers)
+        too_large = self.limits.too_large(f"the {cmd.AVRO} command", size)
         if too_large:
             reject = Rejected(Reason.OVERSIZE, too_large)
 
