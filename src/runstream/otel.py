@@ -85,18 +85,22 @@ def run_trace_id(run_id: str) -> int:
     return _id(f"trace:{run_id}", 16)
 
 
-def run_span_id(run_id: str) -> int:
-    """The id of the run's span."""
-    return _id(f"run:{run_id}", 8)
+def _attempt(run_attempt: int) -> str:
+    return "" if run_attempt == 1 else f"#{run_attempt}"  # a retried run's spans: new ids
 
 
-def step_span_id(run_id: str, seq: int) -> int:
+def run_span_id(run_id: str, run_attempt: int = 1) -> int:
+    """The id of the run's span (of its ``run_attempt``: 2 after its first retry, ...)."""
+    return _id(f"run:{run_id}{_attempt(run_attempt)}", 8)
+
+
+def step_span_id(run_id: str, seq: int, run_attempt: int = 1) -> int:
     """The id of the span of the run's step at ``seq``."""
-    return _id(f"step:{run_id}:{seq}", 8)
+    return _op_span_id("step", run_id, seq, run_attempt)
 
 
-def _op_span_id(kind: str, run_id: str, seq: int) -> int:
-    return _id(f"{kind}:{run_id}:{seq}", 8)
+def _op_span_id(kind: str, run_id: str, seq: int, run_attempt: int) -> int:
+    return _id(f"{kind}:{run_id}:{seq}{_attempt(run_attempt)}", 8)
 
 
 def _ns(ms: int) -> int:
@@ -184,6 +188,7 @@ class Tracing(Interceptor):
         attrs = {
             **_run_attrs(input.run_id, input.workflow, input.version),
             "workflow.run.status": input.status,
+            "workflow.run.attempt": input.run_attempt,
             "messaging.system": "kafka",
             "messaging.operation.type": "process",
         }
@@ -195,7 +200,7 @@ class Tracing(Interceptor):
         self.emit(
             f"run {input.workflow}",
             t,
-            run_span_id(input.run_id),
+            run_span_id(input.run_id, input.run_attempt),
             t.parent,
             input.started_at_ms,
             input.ended_at_ms,
@@ -267,12 +272,13 @@ class _Inbound(WorkflowInbound):
         t = _Trace(input.run_id, input.headers)
         attrs = {
             **_run_attrs(input.run_id, input.workflow, input.version),
+            "workflow.run.attempt": input.run_attempt,
             "workflow.replaying": input.is_replaying,
             "workflow.activation.outcome": type(result).__name__.lower(),
         }
         span = self._t.tracer().start_span(
             f"activation {input.workflow}",
-            context=t.context(run_span_id(input.run_id)),
+            context=t.context(run_span_id(input.run_id, input.run_attempt)),
             attributes=attrs,
             start_time=start,
         )
@@ -287,8 +293,8 @@ class _Inbound(WorkflowInbound):
             self._t.emit(
                 f"signal {input.name}",
                 t,
-                _op_span_id("signal", input.run_id, input.seq),
-                run_span_id(input.run_id),
+                _op_span_id("signal", input.run_id, input.seq, input.run_attempt),
+                run_span_id(input.run_id, input.run_attempt),
                 input.waited_since_ms,
                 input.received_at_ms,
                 attrs,
@@ -303,7 +309,7 @@ class _Outbound(WorkflowOutbound):
 
     async def step(self, input: StepInput) -> Any:
         t = _Trace(input.run_id, input.headers)
-        span_id = step_span_id(input.run_id, input.seq)
+        span_id = step_span_id(input.run_id, input.seq, input.run_attempt)
         input.headers.update(t.traceparent(span_id))  # the body's parent: this step's span
         error: str | None = None
         try:
@@ -318,13 +324,14 @@ class _Outbound(WorkflowOutbound):
                     "workflow.step.name": input.name,
                     "workflow.step.seq": input.seq,
                     "workflow.step.attempt": input.attempt,
+                    "workflow.run.attempt": input.run_attempt,
                     "workflow.replaying": False,
                 }
                 if input.group:
                     attrs["messaging.system"] = "kafka"
                     attrs["messaging.destination.name"] = f"tasks.{input.group}"
                 kind = SpanKind.PRODUCER if input.group else SpanKind.INTERNAL
-                parent = run_span_id(input.run_id)
+                parent = run_span_id(input.run_id, input.run_attempt)
                 end = _now_ms()
                 self._t.emit(
                     f"step {input.name}",
@@ -340,9 +347,10 @@ class _Outbound(WorkflowOutbound):
 
     async def child(self, input: ChildInput) -> Any:
         t = _Trace(input.run_id, input.headers)
-        span_id = _op_span_id("child", input.run_id, input.seq)
+        span_id = _op_span_id("child", input.run_id, input.seq, input.run_attempt)
+        run_span = run_span_id(input.run_id, input.run_attempt)
         # The child's run span hangs from this child span (awaited), else from the run's.
-        input.headers.update(t.traceparent(span_id if input.awaited else run_span_id(input.run_id)))
+        input.headers.update(t.traceparent(span_id if input.awaited else run_span))
         error: str | None = None
         done = False
         try:
@@ -357,12 +365,11 @@ class _Outbound(WorkflowOutbound):
                 attrs = {"workflow.run.id": input.run_id, "workflow.child.name": input.workflow}
                 if input.child_run_id:
                     attrs["workflow.child.run.id"] = input.child_run_id
-                parent = run_span_id(input.run_id)
                 self._t.emit(
                     f"child {input.workflow}",
                     t,
                     span_id,
-                    parent,
+                    run_span,
                     input.started_at_ms,
                     _now_ms(),
                     attrs,
@@ -377,8 +384,8 @@ class _Outbound(WorkflowOutbound):
             self._t.emit(
                 "sleep",
                 t,
-                _op_span_id("sleep", input.run_id, input.seq),
-                run_span_id(input.run_id),
+                _op_span_id("sleep", input.run_id, input.seq, input.run_attempt),
+                run_span_id(input.run_id, input.run_attempt),
                 input.started_at_ms,
                 _now_ms(),
                 attrs,

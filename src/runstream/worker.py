@@ -25,13 +25,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from runstream.engine.decide import Decider
+from runstream.engine.interceptors import ended, tell_ended
 from runstream.engine.replay import Overrun
 from runstream.engine.state import LimitState, RunState
 from runstream.engine.waiters import Waiters
 from runstream.engine.work import Attempt, Batch, HandOver, LogRecord, StepJob, StepOutcome, Work
 from runstream.errors import ConfigError
 from runstream.instance import InstanceFiles, StuckRuns
-from runstream.interceptors import RunEndedInput
 from runstream.metrics import EngineMetrics, MetricsServer, Snapshot, serve
 from runstream.ownership import Partitions
 from runstream.runtime.budget import ActivationBudget
@@ -364,26 +364,8 @@ class Worker:
             work = b.runs.get(fact.run_id)
             if status is None or work is None or not isinstance(work.after, RunState):
                 continue
-            st = work.after
-            ended = RunEndedInput(
-                st.run_id,
-                st.workflow,
-                st.version,
-                str(status),
-                st.started_at_ms,
-                getattr(fact, "at_ms", b.now),
-                st.headers,
-                st.parent_run_id,
-                st.error or st.reason,
-                st.continued_as,
-            )
-            for interceptor in self.app.registry.interceptors:
-                try:
-                    interceptor.run_ended(ended)
-                except Exception:  # theirs: never the engine's loop
-                    log.exception(
-                        "interceptor %r failed on the end of run %s", interceptor, st.run_id
-                    )
+            run = ended(work.after, getattr(fact, "at_ms", b.now))
+            tell_ended(self.app.registry.interceptors, run)
 
     def _project(self, b: Batch, written: Committed) -> None:
         """Write what ``b`` changed to the projections and arm its runs' timers."""

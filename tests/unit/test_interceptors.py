@@ -333,3 +333,24 @@ def test_a_failed_step_reaches_the_outbound_link_as_its_error() -> None:
     start(core, "r", "failing", 1)
     assert core.state("r").status == "failed"
     assert len(errors) == 1 and errors[0].startswith("boom attempt 1:")
+
+
+def test_oversized_kafka_headers_dead_letter_the_start_with_its_reason() -> None:
+    from runstream.engine.limits import Limits
+
+    core = Core(registry(), limits=Limits(max_record=200_000))
+    cmd = StartRun("r", "remote", input=b"1")
+    big = (("baggage", b"x" * 250_000),)
+    core.offset += 1
+    core.handle(LogRecord("t.commands", 0, core.offset, b"r", core.codec.encode(cmd), big))
+    assert [d.code for d in core.dead] == ["oversize"]
+    assert "StartRun command is 250,0" in core.dead[0].reason
+    assert core.names("r") == ["RunRejected"]
+
+
+def test_a_duplicate_start_keeps_the_headers_of_the_first() -> None:
+    core = Core(registry())
+    start(core, "r", "remote", 1, traceparent="first")
+    start(core, "r", "remote", 1, traceparent="second")
+    assert core.state("r").headers == {"traceparent": "first"}
+    assert [f.headers for f in core.facts("r", "RunStarted")] == [{"traceparent": "first"}]

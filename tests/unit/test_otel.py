@@ -15,9 +15,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from runstream.engine import payload
+from runstream.engine.interceptors import ended
 from runstream.engine.state import RunState
 from runstream.engine.workflow import Registry, workflow_def
-from runstream.interceptors import RunEndedInput
 from runstream.otel import Tracing, run_span_id, run_trace_id, step_span_id
 from runstream.runtime.steps import execute
 from runstream.schemas.records import StartRun
@@ -59,7 +59,7 @@ class Traced:
         self.reg, self.core = reg, Core(reg)
         self.core.auto_run_steps = False
         self.sent = 0
-        self.ended: set[str] = set()
+        self.ended: set[tuple[str, int]] = set()  # (run, retries) told
 
     def settle(self) -> None:
         """Run queued bodies and deliver sent commands until there are none; tell the ends."""
@@ -71,20 +71,13 @@ class Traced:
                 self.sent += 1
                 core.command(core.commands[self.sent - 1])
         for st in core.states.values():
-            if isinstance(st, RunState) and st.terminal and st.run_id not in self.ended:
-                self.ended.add(st.run_id)
-                self.tracing.run_ended(
-                    RunEndedInput(
-                        st.run_id,
-                        st.workflow,
-                        st.version,
-                        str(st.status),
-                        st.started_at_ms,
-                        st.ended_at_ms or core.now,
-                        st.headers,
-                        st.parent_run_id,
-                    )
-                )
+            if (
+                isinstance(st, RunState)
+                and st.terminal
+                and (st.run_id, st.retries) not in self.ended
+            ):
+                self.ended.add((st.run_id, st.retries))
+                self.tracing.run_ended(ended(st, st.ended_at_ms or core.now))
 
     def spans(self, prefix: str = "") -> list[ReadableSpan]:
         return [s for s in self.exporter.get_finished_spans() if s.name.startswith(prefix)]
@@ -138,3 +131,84 @@ def test_a_replay_on_a_new_owner_emits_no_step_span_again() -> None:
     assert replays  # the replays are there as activations, marked
     # no traceparent at the start: the trace is the run's own, derived from its id
     assert {s.context.trace_id for s in t.exporter.get_finished_spans()} == {run_trace_id("o1")}
+
+
+_declined: set[str] = set()
+
+
+def flaky_card(order: str) -> str:
+    if order not in _declined:  # fails for good the first time, then succeeds
+        _declined.add(order)
+        raise RuntimeError("card service down")
+    return f"paid {order}"
+
+
+async def pay(ctx: Any, order: str) -> str:
+    await ctx.step(charge, 1)
+    return str(await ctx.step(flaky_card, order))
+
+
+def test_a_retried_run_gets_new_span_ids_and_its_settled_steps_no_span_again() -> None:
+    from runstream.engine.workflow import StepPolicy, step_def
+    from runstream.schemas.records import Retry
+
+    t = Traced()
+    t.reg.add_workflow(workflow_def(pay))
+    t.reg.add_step(step_def(flaky_card, StepPolicy(retries=0), None))
+    t.core.command(StartRun("p1", "pay", input=payload.dumps("o-9")))
+    t.settle()
+    assert t.core.state("p1").status == "failed"
+    t.core.command(Retry("p1", "card is back", retry_id="x"))
+    t.settle()
+    assert t.core.state("p1").status == "completed"
+    runs = t.spans("run pay")
+    assert [r.attributes["workflow.run.attempt"] for r in runs] == [1, 2]
+    assert [r.attributes["workflow.run.status"] for r in runs] == ["failed", "completed"]
+    assert runs[0].context.span_id == run_span_id("p1")
+    assert runs[1].context.span_id == run_span_id("p1", 2)
+    assert len(t.spans("step charge")) == 1  # settled before the failure: not again
+    cards = t.spans("step flaky_card")
+    assert [c.parent.span_id for c in cards] == [run_span_id("p1"), run_span_id("p1", 2)]
+    assert cards[0].status.status_code.name == "ERROR"
+    bodies = t.spans("flaky_card")
+    assert [b.parent.span_id for b in bodies] == [c.context.span_id for c in cards]
+
+
+def test_the_workflow_tester_runs_the_interceptors_cancels_and_timeouts_included() -> None:
+    import runstream
+    from runstream.testing import WorkflowTester
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    app = runstream.App("traced", interceptors=[Tracing(provider)])
+
+    @app.step(name="reserve")
+    def reserve(order: str) -> str:
+        return f"r-{order}"
+
+    @app.workflow(timeout="1h")
+    async def hold(ctx: runstream.Context, order: str) -> str:
+        await ctx.step(reserve, order)
+        return str(await ctx.wait_for_signal("go"))
+
+    tester = WorkflowTester(app)
+    done = tester.start(hold, "a", headers={"traceparent": TRACEPARENT})
+    tester.signal(done.run_id, "go", "yes")
+    cancelled = tester.start(hold, "b")
+    tester.cancel(cancelled.run_id)
+    timed_out = tester.start(hold, "c")
+    tester.advance("2h")
+    assert (done.status, cancelled.status, timed_out.status) == ("completed", "cancelled", "failed")
+    spans = exporter.get_finished_spans()
+    ends = {s.attributes["workflow.run.id"]: s for s in spans if s.name == "run hold"}
+    assert {k: v.attributes["workflow.run.status"] for k, v in ends.items()} == {
+        done.run_id: "completed",
+        cancelled.run_id: "cancelled",
+        timed_out.run_id: "failed",
+    }
+    assert ends[done.run_id].context.trace_id == TRACE
+    assert ends[timed_out.run_id].status.status_code.name == "ERROR"
+    # each step once, though the tester replays every activation from the start
+    assert len([s for s in spans if s.name == "step reserve"]) == 3
+    assert len([s for s in spans if s.name == "reserve"]) == 3

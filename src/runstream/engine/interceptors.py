@@ -30,9 +30,13 @@ An outbound link may change the ``headers`` of the step, child or continued run 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NoReturn, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+if TYPE_CHECKING:
+    from runstream.engine.state import RunState
 
 __all__ = [
     "ActivationInput",
@@ -52,6 +56,8 @@ __all__ = [
     "record_headers",
 ]
 
+log = logging.getLogger("runstream.interceptors")
+
 #: A Kafka record header with this prefix (runstream-redrive, ...) is Runstream's own.
 RESERVED_PREFIX = "runstream"
 
@@ -69,6 +75,7 @@ class ExecuteInput:
     headers: Mapping[str, str]
     started_at_ms: int
     is_replaying: bool
+    run_attempt: int = 1  # 1, then 2 after the run's first retry (`Client.retry`), ...
 
 
 @dataclass(slots=True)
@@ -81,6 +88,7 @@ class ActivationInput:
     headers: Mapping[str, str]
     now_ms: int
     is_replaying: bool  # the code starts again from the start, over what it did before
+    run_attempt: int = 1  # 1, then 2 after the run's first retry (`Client.retry`), ...
 
 
 @dataclass(slots=True)
@@ -95,6 +103,7 @@ class SignalInput:
     waited_since_ms: int  # when the wait began
     received_at_ms: int
     is_replaying: bool
+    run_attempt: int = 1  # 1, then 2 after the run's first retry (`Client.retry`), ...
 
 
 @dataclass(slots=True)
@@ -113,6 +122,7 @@ class StepInput:
     priority: int = 0
     fairness: str = ""
     attempt: int = 0  # the attempt that settled it, once settled (0: not known yet)
+    run_attempt: int = 1  # 1, then 2 after the run's first retry (`Client.retry`), ...
 
 
 @dataclass(slots=True)
@@ -130,6 +140,7 @@ class ChildInput:
     headers: dict[str, str]
     started_at_ms: int
     is_replaying: bool
+    run_attempt: int = 1  # 1, then 2 after the run's first retry (`Client.retry`), ...
 
 
 @dataclass(slots=True)
@@ -140,6 +151,7 @@ class SleepInput:
     headers: Mapping[str, str]
     started_at_ms: int
     is_replaying: bool
+    run_attempt: int = 1  # 1, then 2 after the run's first retry (`Client.retry`), ...
 
 
 @dataclass(slots=True)
@@ -150,6 +162,7 @@ class ContinueAsNewInput:
     input: Any
     headers: dict[str, str]
     is_replaying: bool
+    run_attempt: int = 1  # 1, then 2 after the run's first retry (`Client.retry`), ...
 
 
 @dataclass(slots=True)
@@ -180,7 +193,33 @@ class RunEndedInput:
     parent_run_id: str | None = None
     error: str | None = None
     continued_as: str | None = None
-    attributes: dict[str, str] = field(default_factory=dict)  # room for more, kept small
+    run_attempt: int = 1  # 1, then 2 after the run's first retry (`Client.retry`), ...
+
+
+def ended(st: RunState, at_ms: int) -> RunEndedInput:
+    """What the interceptors are told of the end of run ``st`` (at ``at_ms``)."""
+    return RunEndedInput(
+        st.run_id,
+        st.workflow,
+        st.version,
+        str(st.status),
+        st.started_at_ms,
+        at_ms,
+        st.headers,
+        st.parent_run_id,
+        st.error or st.reason,
+        st.continued_as,
+        st.retries + 1,
+    )
+
+
+def tell_ended(interceptors: Sequence[Interceptor], run: RunEndedInput) -> None:
+    """Tell each interceptor of ``run``'s end; what one raises is logged, never raised."""
+    for interceptor in interceptors:
+        try:
+            interceptor.run_ended(run)
+        except Exception:  # theirs: never the engine's loop
+            log.exception("interceptor %r failed on the end of run %s", interceptor, run.run_id)
 
 
 # -- the chains ------------------------------------------------------------------------

@@ -339,6 +339,7 @@ class Context:
             compensate,
             priority,
             str(fairness),
+            run_attempt=self._state.retries + 1,
         )
         return await self._outbound.step(call)
 
@@ -365,7 +366,13 @@ class Context:
         """Sleep durably: seconds, or a string such as "5s", "10m", "1d"."""
         secs, seq = seconds(duration), self._seq + 1
         call = SleepInput(
-            self.run_id, seq, secs, self.headers, self._opened_at(seq), self.is_replaying
+            self.run_id,
+            seq,
+            secs,
+            self.headers,
+            self._opened_at(seq),
+            self.is_replaying,
+            self._state.retries + 1,
         )
         await self._outbound.sleep(call)
 
@@ -388,7 +395,17 @@ class Context:
             raise SignalTimeout(f"no signal {name!r} for run {self.run_id!r} within {timeout}")
         assert isinstance(fact, SignalReceived)
         value = payload.loads(fact.payload)
-        got = SignalInput(self.run_id, seq, name, value, self.headers, since, fact.at_ms, replaying)
+        got = SignalInput(
+            self.run_id,
+            seq,
+            name,
+            value,
+            self.headers,
+            since,
+            fact.at_ms,
+            replaying,
+            self._state.retries + 1,
+        )
         return self._inbound.signal(got)
 
     async def wait_for_event(
@@ -441,6 +458,7 @@ class Context:
             dict(self.headers),
             self._opened_at(seq),
             self.is_replaying,
+            self._state.retries + 1,
         )
 
     async def _child(self, c: ChildInput) -> Any:
@@ -540,7 +558,9 @@ class Context:
 
     def continue_as_new(self, input: Any = None) -> None:
         """End this run and start ``<run_id>~N`` with ``input`` and a fresh history."""
-        call = ContinueAsNewInput(self.run_id, input, dict(self.headers), self.is_replaying)
+        call = ContinueAsNewInput(
+            self.run_id, input, dict(self.headers), self.is_replaying, self._state.retries + 1
+        )
         self._outbound.continue_as_new(call)
 
     # -- internals ---------------------------------------------------------------
@@ -714,7 +734,13 @@ class _Live:
         ctx._settled = settled
         replaying = self.coro is None and settled > 0 and bool(state.resolved)
         act = ActivationInput(
-            state.run_id, state.workflow, state.version, ctx.headers, now_ms, replaying
+            state.run_id,
+            state.workflow,
+            state.version,
+            ctx.headers,
+            now_ms,
+            replaying,
+            state.retries + 1,
         )
         try:
             with guard if guard is not None else contextlib.nullcontext():
@@ -738,6 +764,7 @@ class _Live:
                     ctx.headers,
                     state.started_at_ms,
                     ctx.is_replaying,
+                    state.retries + 1,
                 )
                 self.coro = self.inbound.execute(run)
             yielded = self.coro.send(None)

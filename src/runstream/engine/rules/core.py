@@ -105,9 +105,11 @@ def _history_full(ctx: Rules, b: Batch, st: RunState) -> bool:
 
 
 def _replay(ctx: Rules, b: Batch, wf: WorkflowDef, st: RunState) -> Replay:
-    # What was settled before this batch is a replay to the interceptors (is_replaying).
+    # What was settled before this batch, and still is (a retry reopens failed steps), is
+    # a replay to the interceptors (is_replaying).
     before = b.runs[st.run_id].before if st.run_id in b.runs else st
-    settled = max(before.resolved, default=0) if isinstance(before, RunState) else 0
+    old = before.resolved if isinstance(before, RunState) else {}
+    settled = max((s for s in old if s in st.resolved), default=0)
     return ctx.replayer.replay(wf, st, b.now, ctx.activation(st.run_id), settled)
 
 
