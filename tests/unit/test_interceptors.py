@@ -354,3 +354,23 @@ def test_a_duplicate_start_keeps_the_headers_of_the_first() -> None:
     start(core, "r", "remote", 1, traceparent="second")
     assert core.state("r").headers == {"traceparent": "first"}
     assert [f.headers for f in core.facts("r", "RunStarted")] == [{"traceparent": "first"}]
+
+
+def test_a_misrouted_start_is_forwarded_with_its_kafka_headers_in_it() -> None:
+    from runstream.engine.decide import Decider
+    from runstream.engine.partitioner import partition_for
+    from runstream.engine.state import new_state
+    from runstream.engine.work import Batch
+    from runstream.schemas.codec import Codec
+
+    decider, codec = Decider(registry(), partitions=4, journal_topic="t.journal"), Codec.default()
+    run_id = next(f"r{i}" for i in range(100) if partition_for(f"r{i}".encode(), 4) != 0)
+    cmd = StartRun(run_id, "remote", input=b"1")
+    b = Batch(lambda _p, rid: new_state(rid), 1)
+    header = (("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),)
+    decider.handle(b, LogRecord("t.commands", 0, 7, run_id.encode(), codec.encode(cmd), header))
+    (forward,) = b.effects.forwards
+    assert forward.partition == partition_for(run_id.encode(), 4)
+    forwarded = codec.decode(forward.value)
+    assert isinstance(forwarded, StartRun)
+    assert forwarded.headers == {"traceparent": header[0][1].decode()}

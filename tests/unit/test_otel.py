@@ -212,3 +212,19 @@ def test_the_workflow_tester_runs_the_interceptors_cancels_and_timeouts_included
     # each step once, though the tester replays every activation from the start
     assert len([s for s in spans if s.name == "step reserve"]) == 3
     assert len([s for s in spans if s.name == "reserve"]) == 3
+
+
+def test_a_step_handed_over_mid_body_has_two_body_spans_under_one_step_span() -> None:
+    t = Traced()
+    t.core.command(StartRun("h1", "order", input=payload.dumps(1)))
+    job = t.core.queued.pop(0)
+    execute(job, None, t.reg.interceptors)  # the body ran; the old owner let go before its outcome
+    t.core.hand_over("h1", frozenset({job.seq}))
+    t.core.decider.forget(["h1"])  # the new owner: nothing cached
+    t.core.recover("h1")
+    t.settle()
+    assert t.core.names("h1").count("StepHandedOver") == 1
+    assert len(t.spans("step charge")) == 1
+    bodies = t.spans("charge")
+    assert len(bodies) == 2  # one per execution of the body, as it happened
+    assert {b.parent.span_id for b in bodies} == {step_span_id("h1", 1)}

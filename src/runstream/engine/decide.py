@@ -122,12 +122,16 @@ class Decider:
         if problem:
             self._dead_letter(b, rec, Reason.BAD_RUN_ID, problem)
             return None
+        merged = isinstance(cmd, StartRun) and kafka_headers(rec.headers)
+        if isinstance(cmd, StartRun) and merged:  # a plain producer's traceparent, say
+            cmd = replace(cmd, headers={**merged, **cmd.headers})
         home = partition_for(run_id.encode(), self.partitions)
         if home != rec.partition:  # a producer with another partitioner: route it home
-            b.effects.forwards.append(Forward(home, rec.key, value))
+            # (a start with its Kafka headers in it: forwarding keeps no Kafka headers)
+            b.effects.forwards.append(
+                Forward(home, rec.key, self.codec.encode(cmd) if merged else value)
+            )
             return None
-        if isinstance(cmd, StartRun) and rec.headers:  # a plain producer's traceparent, say
-            cmd = replace(cmd, headers={**kafka_headers(rec.headers), **cmd.headers})
         size = len(value) + sum(len(k) + len(v) for k, v in rec.headers)
         too_large = self.limits.too_large(f"the {cmd.AVRO} command", size)
         if too_large:
