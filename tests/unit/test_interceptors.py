@@ -374,3 +374,23 @@ def test_a_misrouted_start_is_forwarded_with_its_kafka_headers_in_it() -> None:
     forwarded = codec.decode(forward.value)
     assert isinstance(forwarded, StartRun)
     assert forwarded.headers == {"traceparent": header[0][1].decode()}
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_an_inbound_link_that_raises_around_an_activation_changes_nothing(when: str) -> None:
+    class Broken(Interceptor):
+        def workflow_inbound(self, next: WorkflowInbound) -> WorkflowInbound:
+            class In(WorkflowInbound):
+                def activate(self, input: ActivationInput) -> Any:
+                    if when == "before":
+                        raise RuntimeError("exporter down")
+                    self.next.activate(input)
+                    raise RuntimeError("exporter down")
+
+            return In(next)
+
+    core = Core(registry(Broken()))
+    start(core, "r", "remote", 1)
+    assert core.names("r") == ["RunStarted", "StepStarted"]  # the code ran, once
+    core.answer(core.tasks[0], 7)
+    assert core.state("r").status == "completed" and not core.dead

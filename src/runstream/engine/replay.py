@@ -15,6 +15,7 @@ take the engine down, not even with ``SystemExit`` or ``KeyboardInterrupt``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random as _random
 import traceback
@@ -73,6 +74,8 @@ from runstream.schemas.records import (
     ValueRecorded,
     promise_id,
 )
+
+log = logging.getLogger("runstream.engine")
 
 
 # What a suspended workflow waits for.
@@ -629,7 +632,8 @@ class _Inbound(WorkflowInbound):
         return await self._live.wf.call(self._live.ctx, input.input)
 
     def activate(self, input: ActivationInput) -> Outcome:
-        return self._live._step()
+        self._live.outcome = self._live._step()
+        return self._live.outcome
 
     def signal(self, input: SignalInput) -> Any:
         return input.payload
@@ -710,7 +714,7 @@ class Replayer:
 class _Live:
     """A workflow's coroutine and context, started or suspended."""
 
-    __slots__ = ("coro", "ctx", "facts", "inbound", "retries", "wf")
+    __slots__ = ("coro", "ctx", "facts", "inbound", "outcome", "retries", "wf")
 
     def __init__(self, wf: WorkflowDef, ctx: Context, retries: int = 0) -> None:
         self.wf, self.ctx = wf, ctx
@@ -721,6 +725,7 @@ class _Live:
         last: WorkflowInbound = _Inbound(self)
         self.inbound = chain(interceptors, last, lambda i, n: i.workflow_inbound(n))
         ctx._inbound = self.inbound
+        self.outcome: Outcome | None = None  # what the code did in this activation
 
     def run(
         self,
@@ -742,13 +747,24 @@ class _Live:
             replaying,
             state.retries + 1,
         )
+        self.outcome = None
         try:
             with guard if guard is not None else contextlib.nullcontext():
-                outcome = self.inbound.activate(act)
+                outcome = self._activate(act)
         except Overrun:
             self.coro = None
             outcome = Overran()
         return Replay(outcome, ctx._new, list(ctx._compensations))
+
+    def _activate(self, act: ActivationInput) -> Outcome:
+        """The activation through the inbound links. A link that raises changes nothing
+        of what the code did (it is logged): the code runs, once, all the same."""
+        try:
+            result = self.inbound.activate(act)
+        except Exception:
+            log.exception("an interceptor failed around an activation of run %s", act.run_id)
+            return self.outcome if self.outcome is not None else self._step()
+        return result if self.outcome is None else self.outcome
 
     def _step(self) -> Outcome:
         ctx = self.ctx
