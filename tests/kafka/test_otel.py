@@ -185,6 +185,13 @@ def test_a_saga_is_one_trace_across_client_engine_task_worker_and_a_crash(
         parents = {s["parent"] for s in spans if s["name"] == body}
         assert parents == {one[f"step {body}"]["id"]}, body
 
+    # the task record carries the step's traceparent as a Kafka header too (any consumer)
+    (task,) = [m for _, _, m in read_topic(kafka_bootstrap, f"{ns}.tasks.payments")]
+    traceparent = dict(task.headers())["traceparent"].decode()
+    assert traceparent.split("-")[1:3] == [
+        f"{trace_id:032x}",
+        f"{one['step charge_card']['id']:016x}",
+    ]
     # the remote body ran in the task worker, as a Kafka consumer span
     charge = one["charge_card"]
     assert charge["kind"] == "SpanKind.CONSUMER"
