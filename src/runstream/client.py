@@ -181,12 +181,13 @@ class Client:
         tags: dict[str, str] | None = None,
         timeout: float | str | None = None,
         wait: bool = True,
+        headers: Mapping[str, str] | None = None,
     ) -> str:
         """Send signal ``signal`` to run ``run_id``, starting it first if it does not exist,
         in one command: the signal is delivered exactly once either way (a signal id makes
-        retries of this call count once)."""
+        retries of this call count once). ``headers``: as `start`'s, for a run it starts."""
         sig = (signal, payload.dumps(value), signal_id or uuid.uuid4().hex)
-        return self._start(workflow, input, run_id, version, tags, timeout, wait, sig)
+        return self._start(workflow, input, run_id, version, tags, timeout, wait, sig, headers)
 
     def _start(
         self,

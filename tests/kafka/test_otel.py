@@ -116,7 +116,7 @@ def test_a_saga_is_one_trace_across_client_engine_task_worker_and_a_crash(
         client = wait_for(lambda: _client(ns, kafka_bootstrap), what="the engine's topics")
         wait_for(lambda: len(owns(first, ns, "w1")) == PARTITIONS, what="w1 to own all")
         with tracer.start_as_current_span("place order", kind=SpanKind.PRODUCER):
-            client.start("checkout", {"id": "A"}, run_id="order-A")
+            client.start("checkout", {"id": "A"}, run_id="order-A", headers={"tenant": "acme"})
         wait_for(
             lambda: _waits_for_approval(kafka_bootstrap, ns, "order-A"),
             timeout=90,
@@ -187,7 +187,9 @@ def test_a_saga_is_one_trace_across_client_engine_task_worker_and_a_crash(
 
     # the task record carries the step's traceparent as a Kafka header too (any consumer)
     (task,) = [m for _, _, m in read_topic(kafka_bootstrap, f"{ns}.tasks.payments")]
-    traceparent = dict(task.headers())["traceparent"].decode()
+    task_headers = dict(task.headers())
+    assert task_headers["tenant"] == b"acme"  # the client's own header, to the task worker
+    traceparent = task_headers["traceparent"].decode()
     assert traceparent.split("-")[1:3] == [
         f"{trace_id:032x}",
         f"{one['step charge_card']['id']:016x}",
