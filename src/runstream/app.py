@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from runstream.engine.workflow import (
@@ -15,6 +15,7 @@ from runstream.engine.workflow import (
     step_def,
     workflow_def,
 )
+from runstream.interceptors import Interceptor
 
 if TYPE_CHECKING:
     from runstream.client import Client
@@ -31,11 +32,18 @@ class App:
     ... async def checkout(ctx, order: dict) -> dict: ...
 
     ``bootstrap`` defaults to RUNSTREAM_BOOTSTRAP_SERVERS, then KAFKA_BOOTSTRAP_SERVERS,
-    then the broker `runstream kafka up` started.
+    then the broker `runstream kafka up` started. ``interceptors``
+    (`runstream.interceptors`), the first outermost, wrap workflow code, its operations
+    and step bodies on every engine and task worker of this App.
     """
 
     def __init__(
-        self, namespace: str, bootstrap: str | None = None, *, max_recovery_attempts: int = 3
+        self,
+        namespace: str,
+        bootstrap: str | None = None,
+        *,
+        max_recovery_attempts: int = 3,
+        interceptors: Sequence[Interceptor] = (),
     ) -> None:
         from runstream.topics.spec import Topics
 
@@ -44,6 +52,7 @@ class App:
         self.bootstrap = bootstrap
         self.max_recovery_attempts = max_recovery_attempts
         self.registry = Registry()
+        self.registry.interceptors.extend(interceptors)
 
     @overload
     def workflow(self, fn: F) -> F: ...

@@ -34,6 +34,7 @@ from runstream.errors import (
     TopicError,
     run_failed,
 )
+from runstream.interceptors import outgoing_headers, record_headers
 from runstream.operations import (
     CancelReport,
     JournalFact,
@@ -164,12 +165,16 @@ class Client:
         tags: dict[str, str] | None = None,
         timeout: float | str | None = None,
         wait: bool = True,
+        headers: Mapping[str, str] | None = None,
     ) -> str:
         """Start a run and return its id. Idempotent by ``run_id``: starting an id that
         exists does nothing. ``timeout`` (seconds or ``"1h"``) overrides the workflow's
         execution timeout. ``wait=False`` returns before Kafka acknowledged it (a refusal
-        is then raised by the next waiting call or `close`)."""
-        return self._start(workflow, input, run_id, version, tags, timeout, wait)
+        is then raised by the next waiting call or `close`). ``headers`` (text) travel with
+        the run to its interceptors, steps and children (`runstream.interceptors`), in the
+        command and as its Kafka record headers; with OpenTelemetry installed, the current
+        span's ``traceparent`` is added (`runstream.otel`)."""
+        return self._start(workflow, input, run_id, version, tags, timeout, wait, headers=headers)
 
     def signal_with_start(
         self,
@@ -184,12 +189,13 @@ class Client:
         tags: dict[str, str] | None = None,
         timeout: float | str | None = None,
         wait: bool = True,
+        headers: Mapping[str, str] | None = None,
     ) -> str:
         """Send signal ``signal`` to run ``run_id``, starting it first if it does not exist,
         in one command: the signal is delivered exactly once either way (a signal id makes
-        retries of this call count once)."""
+        retries of this call count once). ``headers``: as `start`'s, for a run it starts."""
         sig = (signal, payload.dumps(value), signal_id or uuid.uuid4().hex)
-        return self._start(workflow, input, run_id, version, tags, timeout, wait, sig)
+        return self._start(workflow, input, run_id, version, tags, timeout, wait, sig, headers)
 
     def _start(
         self,
@@ -201,6 +207,7 @@ class Client:
         timeout: float | str | None,
         wait: bool,
         signal: tuple[str, bytes, str] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> str:
         sig_name, sig_payload, sig_id = signal or (None, None, "")
         name = _workflow_name(workflow)
@@ -231,6 +238,7 @@ class Client:
             signal=sig_name,
             signal_payload=sig_payload,
             signal_id=sig_id,
+            headers=outgoing_headers(headers),
         )
         with self._mutex:
             if reply_to is not None:
@@ -509,6 +517,7 @@ class Client:
             key,
             self.codec.encode(cmd),
             f"{cmd.AVRO} for run {cmd.run_id!r}",
+            record_headers(cmd.headers) if isinstance(cmd, StartRun) and cmd.headers else None,
         )
         if wait:
             self._sender.flush(self._send_timeout)

@@ -340,9 +340,11 @@ class TaskWorker:
         context = StepContext(
             task.run_id, task.seq, task.attempt, task.attempt_id, beat=_Beat(self, tl, task)
         )
-        job = StepJob(-1, task.run_id, task.seq, task.attempt, served.step, args)
+        job = StepJob(
+            -1, task.run_id, task.seq, task.attempt, served.step, args, headers=task.headers
+        )
         self.metrics.started(task.name, task.sent_at_ms, _now_ms())
-        outcome = execute(job, context)
+        outcome = execute(job, context, self.app.registry.interceptors)
         self.metrics.ran(task.name, outcome.ok, outcome.duration_ms)
         return self._result(tl, task, outcome)
 

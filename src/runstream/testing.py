@@ -37,6 +37,7 @@ from pydantic import ValidationError
 
 from runstream.engine import payload
 from runstream.engine.decide import Decider
+from runstream.engine.interceptors import ended, tell_ended
 from runstream.engine.replay import Replayer
 from runstream.engine.state import RunState, State, Status, new_state
 from runstream.engine.work import Batch, LogRecord, StepJob, StepOutcome, Work
@@ -53,6 +54,7 @@ from runstream.runtime.steps import execute
 from runstream.runtime.timers import TimerQueue
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
+    END_FACTS,
     Cancel,
     Command,
     CompletePromise,
@@ -249,16 +251,23 @@ class WorkflowTester:
         run_id: str | None = None,
         version: str | None = None,
         tags: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Run:
         """Start a run (by workflow name or function) and run it until it ends or waits.
-        A start the engine refuses gives a run whose status is ``rejected``."""
+        A start the engine refuses gives a run whose status is ``rejected``. ``headers``
+        go to the App's interceptors (`runstream.interceptors`), which run here too."""
         name = self.app.registry.workflow_name(workflow)
         if run_id is None:
             self._run_ids += 1
             run_id = f"{name}-{self._run_ids}"
         self._send(
             StartRun(
-                run_id, name, input=payload.dumps(input), version=version, tags=dict(tags or {})
+                run_id,
+                name,
+                input=payload.dumps(input),
+                version=version,
+                tags=dict(tags or {}),
+                headers=dict(headers or {}),
             )
         )
         return Run(self, run_id)
@@ -409,6 +418,10 @@ class WorkflowTester:
         for run_id, w in b.runs.items():
             self._states[run_id] = w.after
             self._timers.update(PARTITION, run_id, w.before.timers(), w.after.timers())
+        for fact in fx.facts:  # as the engine tells them, once committed
+            st = self._states.get(fact.run_id)
+            if type(fact) in END_FACTS and isinstance(st, RunState):
+                tell_ended(self.app.registry.interceptors, ended(st, self._now))
         self.journal += fx.facts
         self.dead_letters += fx.dead_letters
         self._answers |= {a.request_id: a for _, a in fx.replies if isinstance(a, QueryAnswer)}
@@ -431,7 +444,8 @@ class WorkflowTester:
                 PARTITION, task.run_id, task.seq, task.attempt, False, error=why, retryable=False
             )
         else:
-            o = self._execute(StepJob(PARTITION, task.run_id, task.seq, task.attempt, step, args))
+            job = StepJob(PARTITION, task.run_id, task.seq, task.attempt, step, args)
+            o = self._execute(replace(job, headers=task.headers))
         output = o.output if o.ok else b"null"
         return StepResult(
             task.run_id,
@@ -452,7 +466,7 @@ class WorkflowTester:
         if fake is not None:
             is_async = inspect.iscoroutinefunction(inspect.unwrap(fake))
             job = replace(job, step=replace(job.step, fn=fake, is_async=is_async))
-        outcome = execute(job)
+        outcome = execute(job, None, self.app.registry.interceptors)
         output = payload.loads(outcome.output) if outcome.ok else None
         self.steps_run.append(
             StepAttempt(

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from runstream.engine.decide import Decider
+from runstream.engine.interceptors import ended, tell_ended
 from runstream.engine.replay import Overrun
 from runstream.engine.state import LimitState, RunState, State
 from runstream.engine.waiters import Waiters
@@ -37,7 +38,7 @@ from runstream.runtime.budget import ActivationBudget
 from runstream.runtime.inbox import Inbox
 from runstream.runtime.steps import StepRunner, chain
 from runstream.schemas.codec import Codec
-from runstream.schemas.records import LIMIT_PREFIX, StepHandedOver
+from runstream.schemas.records import END_FACTS, LIMIT_PREFIX, StepHandedOver
 from runstream.settings import Settings
 from runstream.supervisor import stop_on_signals
 from runstream.topics.base import EngineLog
@@ -84,7 +85,9 @@ class Worker:
         self._owned = Partitions(self.state_dir, self.codec)
         self._inbox = Inbox()
         self._waiters = Waiters()
-        self._steps = StepRunner(s.step_concurrency, self._inbox.outcomes.put)
+        self._steps = StepRunner(
+            s.step_concurrency, self._inbox.outcomes.put, app.registry.interceptors
+        )
         self._stopping, self._hurry = threading.Event(), threading.Event()
         self._watchdog = Watchdog(s.exit_on_hang)
         self._budget = ActivationBudget(s.activation_budget, on_stuck=self._stuck)
@@ -341,6 +344,8 @@ class Worker:
         self.stats["facts"] += len(b.effects.facts)
         self._project(b, written)
         self._parked.release(b.runs)
+        if self.app.registry.interceptors:
+            self._tell_ended(b)
         # Stopping, or on a partition being handed over, no step starts (the handover
         # records it); one that ran ahead of an aborted commit gets its outcome delivered.
         steps, stopping = self._steps, self._stopping.is_set()
@@ -352,6 +357,17 @@ class Worker:
                 and (not (stopping or j.partition in self._owned.leaving) or steps.ran_ahead(j.key))
             ]
         )
+
+    def _tell_ended(self, b: Batch) -> None:
+        """Tell the interceptors of each run this committed batch ended (once: a redone
+        batch is a new one, and only a committed one comes here)."""
+        for fact in b.effects.facts:
+            status = END_FACTS.get(type(fact))
+            work = b.runs.get(fact.run_id)
+            if status is None or work is None or not isinstance(work.after, RunState):
+                continue
+            run = ended(work.after, getattr(fact, "at_ms", b.now))
+            tell_ended(self.app.registry.interceptors, run)
 
     def _project(self, b: Batch, written: Committed) -> None:
         """Write what ``b`` changed to the projections and arm its runs' timers."""

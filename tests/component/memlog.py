@@ -15,7 +15,7 @@ class (`RETRIABLE`, `TIMED_OUT`, `ABORTABLE`, `FATAL`), as a real `KafkaError`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,7 +172,14 @@ class MemoryLog(Transactions):
 
         self._must("begin_transaction", begin)
 
-    def produce(self, topic: str, partition: int | None, key: bytes | None, value: bytes) -> None:
+    def produce(
+        self,
+        topic: str,
+        partition: int | None,
+        key: bytes | None,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> None:
         def produce() -> None:
             assert self._txn is not None
             self._call("produce")

@@ -89,6 +89,10 @@ class Shell:
         self.since = [0] * partitions  # when the current owner took each partition over
         self.offsets = [0] * partitions
         self.last: Delivered | None = None  # the latest command delivered
+        # (run, seq, run attempt) of each step an outbound interceptor saw settle live
+        # (not replaying): while deciding a batch, then once it commits.
+        self.seen: list[tuple[str, int, int]] = []
+        self.settled: list[tuple[str, int, int]] = []
 
     def _decider(self) -> Decider:
         return Decider(self.registry, partitions=self.partitions, journal_topic=JOURNAL)
@@ -130,6 +134,7 @@ class Shell:
 
     def decide(self, work: Iterable[Work]) -> Batch:
         """Decide ``work`` into one batch, without committing it."""
+        self.seen = []  # what the interceptors saw deciding it (kept if it commits)
         b = self.batch()
         for item in work:
             self.decider.handle(b, item)
@@ -146,6 +151,7 @@ class Shell:
             self.timers.update(w.partition, run_id, w.before.timers(), w.after.timers())
         if b.empty:
             return None
+        self.settled += self.seen
         fx = b.effects
         self.journal += fx.facts
         for fact in fx.facts:

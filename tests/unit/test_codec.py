@@ -108,6 +108,7 @@ FIELDS = {
         "signal_payload",
         "signal_id",
         "parent_seq",
+        "headers",
     ],
     "Signal": ["run_id", "name", "payload", "signal_id", "sent_at_ms"],
     "Cancel": ["run_id", "compensate", "reason", "sent_at_ms", "abandon_children"],
@@ -196,6 +197,7 @@ FIELDS = {
         "request_id",
         "deadline_ms",
         "parent_seq",
+        "headers",
     ],
     "ChildStarted": [*_FACT, "seq", "name", "child_run_id", "awaited", "parent_close"],
     "ChildEnded": [*_FACT, "seq", "name", "child_run_id", "status", "output", "error"],
@@ -264,6 +266,7 @@ FIELDS = {
         "group",
         "heartbeat_ms",
         "sent_at_ms",
+        "headers",
     ],
     "DeadLetter": [
         "reason",
@@ -373,6 +376,7 @@ def test_start_run_fields_are_the_documented_ones() -> None:
         "signal_payload",
         "signal_id",
         "parent_seq",
+        "headers",
     ]
     assert fields["input"]["type"] == "bytes"
     assert fields["tags"]["default"] == {} and fields["sent_at_ms"]["default"] == 0
@@ -646,6 +650,7 @@ def test_older_writer_schema_is_resolved_into_current() -> None:
         "signal_payload": None,
         "signal_id": "",
         "parent_seq": None,
+        "headers": {},
     }
     # the current schema stays the one used to encode
     assert codec.encode_raw("StartRun", record)[2:10] == codec.fingerprint("StartRun")

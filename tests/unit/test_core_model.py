@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -43,6 +44,7 @@ from runstream.errors import (
     PromiseTimeout,
     SignalTimeout,
 )
+from runstream.interceptors import Interceptor, StepInput, WorkflowOutbound
 from runstream.schemas.records import (
     TERMINAL,
     Cancel,
@@ -66,6 +68,7 @@ from runstream.schemas.records import (
     RunRetried,
     Signal,
     StartRun,
+    StepCompleted,
     correlation_id,
     promise_id,
 )
@@ -82,9 +85,36 @@ from .modeldriver import Delivered, Shell, describe, ended, without_beats
 #: published without a ttl).
 EXCLUDE = frozenset(filter(None, os.environ.get("RUNSTREAM_MODEL_EXCLUDE", "").split(",")))
 
+
+class Witness(Interceptor):
+    """An outbound step link telling the current example's shell each step it sees
+    settle live (`witness_problems`)."""
+
+    shell: Shell | None = None
+
+    def workflow_outbound(self, next: WorkflowOutbound) -> WorkflowOutbound:
+        witness = self
+
+        class Out(WorkflowOutbound):
+            async def step(self, input: StepInput) -> Any:
+                try:
+                    return await self.next.step(input)
+                finally:  # a result or a StepError; not the code unwinding at a wait
+                    if input.attempt and not input.is_replaying:  # settled, live
+                        witness.saw(input)
+
+        return Out(next)
+
+    def saw(self, input: StepInput) -> None:
+        if self.shell is not None:
+            self.shell.seen.append((input.run_id, input.seq, input.run_attempt))
+
+
+WITNESS = Witness()
+
 # -- the workflows under test --------------------------------------------------------
 
-app = App("model")
+app = App("model", interceptors=[WITNESS])
 app.limit("pay", concurrency=1)
 
 
@@ -415,6 +445,26 @@ def told(problems: list[str]) -> str:
     return "\n".join(problems)
 
 
+def witness_problems(shell: Shell, at_rest: bool = False) -> list[str]:
+    """An outbound step interceptor sees each step settle live (``is_replaying`` False)
+    once per run attempt in what committed, whatever the restores, handovers, cache
+    misses and redone decisions; at rest, every step of a completed run was seen."""
+    out = [f"seen settling live {n} times: {k}" for k, n in Counter(shell.settled).items() if n > 1]
+    if at_rest:
+        seen = set(shell.settled)
+        for run_id, facts in shell.by_run.items():
+            st = shell.state(run_id)
+            if not (isinstance(st, RunState) and st.status == "completed"):
+                continue
+            attempt = 1
+            for f in facts:
+                attempt += isinstance(f, RunRetried)
+                missing = (run_id, getattr(f, "seq", 0), attempt) not in seen
+                if isinstance(f, StepCompleted) and f.seq > 0 and missing:
+                    out.append(f"{run_id}: step {f.seq} (attempt {attempt}) never seen live")
+    return out
+
+
 # -- the machine -----------------------------------------------------------------------
 
 
@@ -422,6 +472,7 @@ class CoreModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.shell = Shell(app.registry)
+        WITNESS.shell = self.shell
         self.started: list[str] = []
         self.events = 0
         self.signals = 0
@@ -680,6 +731,7 @@ class CoreModel(RuleBasedStateMachine):
         assert not (p := holder_problems(shell)), told(p)
         assert not (p := retry_problems(shell, runs)), told(p)
         assert not (p := promise_problems(shell, runs)), told(p)
+        assert not (p := witness_problems(shell)), told(p)
 
     def teardown(self) -> None:
         # A step or an invariant failed: that is the report. (Hypothesis's own StopTest,
@@ -716,6 +768,7 @@ class CoreModel(RuleBasedStateMachine):
         assert not (p := unheard_child_problems(shell)), told(p)
         assert not (p := held_at_rest_problems(shell)), told(p)
         assert not (p := ttl_problems(shell)), told(p)
+        assert not (p := witness_problems(shell, at_rest=True)), told(p)
 
 
 class Progress:

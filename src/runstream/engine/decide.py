@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
+from runstream.engine.interceptors import kafka_headers
 from runstream.engine.limits import Limits
 from runstream.engine.partitioner import partition_for
 from runstream.engine.reducer import apply
@@ -120,11 +122,18 @@ class Decider:
         if problem:
             self._dead_letter(b, rec, Reason.BAD_RUN_ID, problem)
             return None
+        merged = isinstance(cmd, StartRun) and kafka_headers(rec.headers)
+        if isinstance(cmd, StartRun) and merged:  # a plain producer's traceparent, say
+            cmd = replace(cmd, headers={**merged, **cmd.headers})
         home = partition_for(run_id.encode(), self.partitions)
         if home != rec.partition:  # a producer with another partitioner: route it home
-            b.effects.forwards.append(Forward(home, rec.key, value))
+            # (a start with its Kafka headers in it: forwarding keeps no Kafka headers)
+            b.effects.forwards.append(
+                Forward(home, rec.key, self.codec.encode(cmd) if merged else value)
+            )
             return None
-        too_large = self.limits.too_large(f"the {cmd.AVRO} command", len(value))
+        size = len(value) + sum(len(k) + len(v) for k, v in rec.headers)
+        too_large = self.limits.too_large(f"the {cmd.AVRO} command", size)
         if too_large:
             reject = Rejected(Reason.OVERSIZE, too_large)
 

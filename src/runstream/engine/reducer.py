@@ -153,6 +153,7 @@ def _run(state: RunState, fact: Fact) -> None:
             state.deadline_ms, state.parent_seq = fact.deadline_ms, fact.parent_seq
             if fact.deadline_ms is not None:
                 state.timeout_ms = fact.deadline_ms - fact.at_ms
+            state.headers = dict(fact.headers)
         case RunRejected():
             state.workflow, state.status = fact.workflow, Status.REJECTED
             state.reason, state.code = fact.reason, fact.code

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import os
 import random as _random
 import traceback
@@ -25,9 +26,21 @@ from collections.abc import Callable, Coroutine, Generator, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from runstream.engine import payload
+from runstream.engine.interceptors import (
+    ActivationInput,
+    ChildInput,
+    ContinueAsNewInput,
+    ExecuteInput,
+    SignalInput,
+    SleepInput,
+    StepInput,
+    WorkflowInbound,
+    WorkflowOutbound,
+    chain,
+)
 from runstream.engine.limits import Limits
 from runstream.engine.state import RunState
 from runstream.engine.workflow import Registry, StepDef, WorkflowDef, seconds
@@ -67,6 +80,8 @@ from runstream.schemas.records import (
     promise_id,
 )
 
+log = logging.getLogger("runstream.engine")
+
 
 # What a suspended workflow waits for.
 @dataclass(frozen=True, slots=True)
@@ -76,6 +91,7 @@ class StepCall:
     args: tuple[Any, ...]
     priority: int = 0  # for its queue's limit, if it has one
     fairness: str = ""
+    headers: dict[str, str] = field(default_factory=dict)  # to its body (interceptors')
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +115,7 @@ class ChildCall:
     child_run_id: str
     awaited: bool
     parent_close: str
+    headers: dict[str, str] = field(default_factory=dict)  # the child's
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +159,7 @@ class Failed:
 @dataclass(frozen=True, slots=True)
 class ContinuedAsNew:
     input: Any
+    headers: dict[str, str] | None = None  # the successor's (None: the run's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +310,25 @@ class Context:
         self._queries: dict[str, QueryHandler] = {}
         self._querying = False  # a query handler runs: no durable operation may
         self._keys: tuple[tuple[int, int], set[str]] | None = None  # (state, its keys)
+        #: Text headers the run carries (`runstream.interceptors`): read them, don't change.
+        self.headers: dict[str, str] = dict(state.headers)
+        self._settled = 0  # the highest seq settled before this activation
+        interceptors = registry.interceptors
+        last: WorkflowOutbound = _Outbound(self)
+        self._outbound = chain(interceptors, last, lambda i, n: i.workflow_outbound(n))
+        self._inbound: WorkflowInbound = _NoInbound()  # bound by its _Live
+
+    @property
+    def is_replaying(self) -> bool:
+        """The code is re-running what an earlier activation of this run already got past
+        (a replay from the start after a restart or a cache miss, on any instance): do no
+        side effect meant to happen once (logging, spans) while it is True."""
+        return self._seq < self._settled
+
+    def _opened_at(self, seq: int) -> int:
+        """When the operation at ``seq`` began: its open fact's time, or now (it begins)."""
+        fact = self._state.pending.get(seq) or self._state.resolved.get(seq)
+        return fact.at_ms if fact is not None else self._now_ms
 
     # -- durable operations ------------------------------------------------------
     async def step(
@@ -312,33 +349,67 @@ class Context:
         ``fairness`` (a key such as a tenant: round robin between keys) order the wait.
         """
         sd = self._registry.step(fn)
-        seq = self._next()
+        seq = self._seq + 1
+        call = StepInput(
+            self.run_id,
+            seq,
+            sd.name,
+            args,
+            dict(self.headers),
+            sd.policy.group,
+            self._opened_at(seq),
+            self.is_replaying,
+            compensate,
+            priority,
+            str(fairness),
+            run_attempt=self._state.retries + 1,
+        )
+        return await self._outbound.step(call)
+
+    async def _step(self, call: StepInput) -> Any:
+        sd = self._registry.step_by_name(call.name)
+        seq, args = self._next(), call.args
         fact = self._recorded(seq, "step " + sd.name)
         while not isinstance(fact, StepCompleted | StepFailed) or (
             isinstance(fact, StepFailed) and fact.retry_at_ms is not None
         ):
-            await _Suspend(StepCall(seq, sd, args, priority, str(fairness)))
+            await _Suspend(StepCall(seq, sd, args, call.priority, call.fairness, call.headers))
             fact = self._recorded(seq, "step " + sd.name)  # resumed: settled now?
+        call.attempt = fact.attempt
         if isinstance(fact, StepFailed):
             raise StepError(sd.name, fact.error)
         assert isinstance(fact, StepCompleted)
-        if compensate is not None:
-            self._compensations.append(Compensation(seq, self._registry.step(compensate), args))
+        if call.compensate is not None:
+            undo = self._registry.step(call.compensate)
+            self._compensations.append(Compensation(seq, undo, args))
         value = payload.loads(fact.output)
         return sd.output.validate_python(value) if sd.output is not None else value
 
     async def sleep(self, duration: float | str) -> None:
         """Sleep durably: seconds, or a string such as "5s", "10m", "1d"."""
-        secs = seconds(duration)
+        secs, seq = seconds(duration), self._seq + 1
+        call = SleepInput(
+            self.run_id,
+            seq,
+            secs,
+            self.headers,
+            self._opened_at(seq),
+            self.is_replaying,
+            self._state.retries + 1,
+        )
+        await self._outbound.sleep(call)
+
+    async def _sleep(self, call: SleepInput) -> None:
         seq = self._next()
         while not isinstance(self._recorded(seq, "sleep"), TimerFired):
-            await _Suspend(SleepCall(seq, secs))
+            await _Suspend(SleepCall(seq, call.seconds))
 
     async def wait_for_signal(self, name: str, timeout: float | str | None = None) -> Any:
         """The payload of the next signal ``name`` sent to this run (buffered if it came
         earlier). Raises `SignalTimeout` when ``timeout`` passes first."""
         secs = None if timeout is None else seconds(timeout)
-        seq = self._next()
+        replaying, seq = self.is_replaying, self._next()
+        since = self._opened_at(seq)
         fact = self._recorded(seq, "signal " + name)
         while not isinstance(fact, SignalReceived | SignalTimedOut):
             await _Suspend(SignalWait(seq, name, secs))
@@ -346,7 +417,19 @@ class Context:
         if isinstance(fact, SignalTimedOut):
             raise SignalTimeout(f"no signal {name!r} for run {self.run_id!r} within {timeout}")
         assert isinstance(fact, SignalReceived)
-        return payload.loads(fact.payload)
+        value = payload.loads(fact.payload)
+        got = SignalInput(
+            self.run_id,
+            seq,
+            name,
+            value,
+            self.headers,
+            since,
+            fact.at_ms,
+            replaying,
+            self._state.retries + 1,
+        )
+        return self._inbound.signal(got)
 
     async def wait_for_event(
         self, name: str, key: str = "", timeout: float | str | None = None
@@ -374,7 +457,37 @@ class Context:
         starts a second one. Raises `ChildFailed` if the child fails, is cancelled, dies
         or cannot start (an unknown workflow, an invalid input): the parent may catch it.
         """
-        call = self._child_call(workflow, input, run_id, True, "request_cancel")
+        return await self._outbound.child(
+            self._child_input(workflow, input, run_id, True, "request_cancel")
+        )
+
+    def _child_input(
+        self,
+        workflow: Callable[..., Any] | str,
+        input: Any,
+        run_id: str | None,
+        awaited: bool,
+        parent_close: str,
+    ) -> ChildInput:
+        name, seq = self._registry.workflow_name(workflow), self._seq + 1
+        return ChildInput(
+            self.run_id,
+            seq,
+            name,
+            input,
+            run_id,
+            awaited,
+            parent_close,
+            dict(self.headers),
+            self._opened_at(seq),
+            self.is_replaying,
+            self._state.retries + 1,
+        )
+
+    async def _child(self, c: ChildInput) -> Any:
+        if not c.awaited:
+            return await self._start_child(c)
+        call = self._child_call(c)
         fact = self._recorded(call.seq, f"child {call.workflow}")
         while not isinstance(fact, ChildEnded):
             await _Suspend(call)
@@ -397,7 +510,14 @@ class Context:
         start."""
         if parent_close not in PARENT_CLOSE:
             raise ValueError(f"parent_close must be one of {PARENT_CLOSE}, not {parent_close!r}")
-        call = self._child_call(workflow, input, run_id, False, parent_close)
+        handle = await self._outbound.child(
+            self._child_input(workflow, input, run_id, False, parent_close)
+        )
+        assert isinstance(handle, ChildHandle)
+        return handle
+
+    async def _start_child(self, c: ChildInput) -> ChildHandle:
+        call = self._child_call(c)
         fact = self._recorded(call.seq, f"child {call.workflow}")
         while fact is None:
             await _Suspend(call)
@@ -407,18 +527,11 @@ class Context:
         assert isinstance(fact, ChildStarted)
         return ChildHandle(fact.child_run_id)
 
-    def _child_call(
-        self,
-        workflow: Callable[..., Any] | str,
-        input: Any,
-        run_id: str | None,
-        awaited: bool,
-        parent_close: str,
-    ) -> ChildCall:
-        name = self._registry.workflow_name(workflow)
+    def _child_call(self, c: ChildInput) -> ChildCall:
         seq = self._next()
-        child_id = run_id or f"{self.run_id}/{seq}"
-        return ChildCall(seq, name, payload.dumps(input), child_id, awaited, parent_close)
+        child_id = c.child_run_id or f"{self.run_id}/{seq}"
+        data = payload.dumps(c.input)
+        return ChildCall(seq, c.workflow, data, child_id, c.awaited, c.parent_close, c.headers)
 
     def promise(self, timeout: float | str | None = None) -> Promise:
         """A durable promise. Its ``id``, ``<run_id>/promise/<seq>``, is recorded in the
@@ -522,7 +635,10 @@ class Context:
 
     def continue_as_new(self, input: Any = None) -> None:
         """End this run and start ``<run_id>~N`` with ``input`` and a fresh history."""
-        raise _Abort(ContinuedAsNew(input))
+        call = ContinueAsNewInput(
+            self.run_id, input, dict(self.headers), self.is_replaying, self._state.retries + 1
+        )
+        self._outbound.continue_as_new(call)
 
     # -- internals ---------------------------------------------------------------
     def _next(self) -> int:
@@ -556,18 +672,70 @@ class Context:
         return payload.loads(fact.value)
 
 
+class _Outbound(WorkflowOutbound):
+    """The last outbound link: the operations themselves."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+
+    async def step(self, input: StepInput) -> Any:
+        return await self._ctx._step(input)
+
+    async def child(self, input: ChildInput) -> Any:
+        return await self._ctx._child(input)
+
+    async def sleep(self, input: SleepInput) -> None:
+        await self._ctx._sleep(input)
+
+    def continue_as_new(self, input: ContinueAsNewInput) -> NoReturn:
+        raise _Abort(ContinuedAsNew(input.input, input.headers))
+
+
+class _NoInbound(WorkflowInbound):
+    """Before a context is bound to its coroutine (`_Live`): a signal passes as is."""
+
+    def __init__(self) -> None:
+        pass
+
+    def signal(self, input: SignalInput) -> Any:
+        return input.payload
+
+
+class _Inbound(WorkflowInbound):
+    """The last inbound link: the workflow code itself."""
+
+    def __init__(self, live: _Live) -> None:
+        self._live = live
+
+    async def execute(self, input: ExecuteInput) -> Any:
+        return await self._live.wf.call(self._live.ctx, input.input)
+
+    def activate(self, input: ActivationInput) -> Outcome:
+        self._live.outcome = self._live._step()
+        return self._live.outcome
+
+    def signal(self, input: SignalInput) -> Any:
+        return input.payload
+
+
+#: Settled seqs for a replay that re-runs a history (compensations, a relaunch): all.
+ALL_SETTLED = 1 << 62
+
+
 def replay(
     wf: WorkflowDef,
     state: RunState,
     registry: Registry,
     now_ms: int,
     guard: AbstractContextManager[None] | None = None,
+    settled: int = ALL_SETTLED,
 ) -> Replay:
     """Run ``wf`` against ``state``'s history from the start until it ends or suspends,
     then close it. Never raises. ``guard`` brackets the workflow code (the shell's time
-    budget, `runtime.budget`)."""
+    budget, `runtime.budget`). ``settled``: the highest seq settled before this
+    activation (the interceptors' ``is_replaying`` up to it)."""
     live = _Live(wf, Context(state, registry, now_ms))
-    result = live.run(state, now_ms, guard)
+    result = live.run(state, now_ms, guard, settled)
     live.close()
     return result
 
@@ -631,6 +799,7 @@ class Replayer:
         state: RunState,
         now_ms: int,
         guard: AbstractContextManager[None] | None = None,
+        settled: int = ALL_SETTLED,
     ) -> Replay:
         """As `replay`, resuming the run's coroutine when it fits ``state``."""
         live = self._live.pop(state.run_id, None)
@@ -643,9 +812,8 @@ class Replayer:
         ):
             if live is not None:
                 live.close()
-            ctx = Context(state, self.registry, now_ms, self.limits)
-            live = _Live(wf, ctx, state.retries)
-        result = live.run(state, now_ms, guard)
+            live = _Live(wf, Context(state, self.registry, now_ms, self.limits), state.retries)
+        result = live.run(state, now_ms, guard, settled)
         if isinstance(result.outcome, Blocked):
             live.facts = state.facts + len(result.new_facts)
             self._live[state.run_id] = live
@@ -666,32 +834,75 @@ class Replayer:
 class _Live:
     """A workflow's coroutine and context, started or suspended."""
 
-    __slots__ = ("coro", "ctx", "facts", "retries", "wf")
+    __slots__ = ("coro", "ctx", "facts", "inbound", "outcome", "retries", "wf")
 
     def __init__(self, wf: WorkflowDef, ctx: Context, retries: int = 0) -> None:
         self.wf, self.ctx = wf, ctx
         self.coro: Coroutine[Any, Any, Any] | None = None
         self.facts = 0  # the run's facts when it suspended, its own new ones included
         self.retries = retries  # the run's RunRetried facts when it started
+        interceptors = ctx._registry.interceptors
+        last: WorkflowInbound = _Inbound(self)
+        self.inbound = chain(interceptors, last, lambda i, n: i.workflow_inbound(n))
+        ctx._inbound = self.inbound
+        self.outcome: Outcome | None = None  # what the code did in this activation
 
     def run(
-        self, state: RunState, now_ms: int, guard: AbstractContextManager[None] | None
+        self,
+        state: RunState,
+        now_ms: int,
+        guard: AbstractContextManager[None] | None,
+        settled: int = ALL_SETTLED,
     ) -> Replay:
         ctx = self.ctx
         ctx._state, ctx._now_ms, ctx._new = state, now_ms, []
+        ctx._settled = settled
+        replaying = self.coro is None and settled > 0 and bool(state.resolved)
+        act = ActivationInput(
+            state.run_id,
+            state.workflow,
+            state.version,
+            ctx.headers,
+            now_ms,
+            replaying,
+            state.retries + 1,
+        )
+        self.outcome = None
         try:
             with guard if guard is not None else contextlib.nullcontext():
-                outcome = self._step(state)
+                outcome = self._activate(act)
         except Overrun:
             self.coro = None
             outcome = Overran()
         return Replay(outcome, ctx._new, list(ctx._compensations))
 
-    def _step(self, state: RunState) -> Outcome:
+    def _activate(self, act: ActivationInput) -> Outcome:
+        """The activation through the inbound links. A link that raises changes nothing
+        of what the code did (it is logged): the code runs, once, all the same."""
+        try:
+            result = self.inbound.activate(act)
+        except Exception:
+            log.exception("an interceptor failed around an activation of run %s", act.run_id)
+            return self.outcome if self.outcome is not None else self._step()
+        return result if self.outcome is None else self.outcome
+
+    def _step(self) -> Outcome:
         ctx = self.ctx
+        state = ctx._state
         try:
             if self.coro is None:
-                self.coro = self.wf.call(ctx, self.wf.parse_input(payload.loads(state.input)))
+                value = self.wf.parse_input(payload.loads(state.input))
+                run = ExecuteInput(
+                    state.run_id,
+                    state.workflow,
+                    state.version,
+                    value,
+                    ctx.headers,
+                    state.started_at_ms,
+                    ctx.is_replaying,
+                    state.retries + 1,
+                )
+                self.coro = self.inbound.execute(run)
             yielded = self.coro.send(None)
         except StopIteration as stop:
             self.coro = None

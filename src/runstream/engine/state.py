@@ -116,6 +116,7 @@ class RunState:
     started: bool = False  # has a RunStarted (a rejected start has only RunRejected)
     reply_to: str | None = None  # the client its start asked to be told of its end
     request_id: str = ""
+    headers: dict[str, str] = field(default_factory=dict)  # interceptors' (RunStarted.headers)
 
     @property
     def exists(self) -> bool:

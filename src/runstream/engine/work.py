@@ -118,6 +118,7 @@ class StepJob:
     step: StepDef
     args: tuple[Any, ...]
     isolated: bool = False  # a recovery: runs alone in the process (see runtime.steps)
+    headers: Mapping[str, str] = field(default_factory=dict)  # for its body's interceptors
 
     @property
     def key(self) -> Attempt:

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from runstream.engine.interceptors import Interceptor
 from runstream.engine.steps import StepContext
 from runstream.errors import InvalidInput, WorkflowNotFound
 
@@ -231,6 +232,7 @@ class Registry:
     limits: dict[str, Limit] = field(default_factory=dict)  # step queues, by name
     sources: dict[str, SourceDef] = field(default_factory=dict)  # by topic
     _by_name: dict[str, StepDef] = field(default_factory=dict)
+    interceptors: list[Interceptor] = field(default_factory=list)  # App(interceptors=...)
 
     def add_workflow(self, wf: WorkflowDef) -> None:
         """Register a workflow version; each (name, version) once."""

@@ -22,17 +22,20 @@ running their bodies a second time.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import queue
 import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from runstream.engine import payload
+from runstream.engine.interceptors import Interceptor, StepBody, StepBodyInput
+from runstream.engine.interceptors import chain as wrapped
 from runstream.engine.steps import StepContext
 from runstream.engine.work import Attempt, Batch, StepJob, StepOutcome
 from runstream.errors import StepTimeout, TerminalStepError
@@ -40,21 +43,28 @@ from runstream.errors import StepTimeout, TerminalStepError
 log = logging.getLogger("runstream.steps")
 
 
-def execute(job: StepJob, context: StepContext | None = None) -> StepOutcome:
+def execute(
+    job: StepJob, context: StepContext | None = None, interceptors: Sequence[Interceptor] = ()
+) -> StepOutcome:
     """Run one attempt of a step and say how it went. Never raises. A step that takes a
-    `StepContext` gets ``context`` (or one that only keeps the details)."""
+    `StepContext` gets ``context`` (or one that only keeps the details). ``interceptors``'
+    step-body links wrap the body (`runstream.interceptors.StepBody`)."""
     started = time.monotonic()
-    step, timeout = job.step, job.step.policy.timeout
+    step = job.step
     kwargs: dict[str, Any] = {}
     if step.context_param is not None:
         kwargs[step.context_param] = context or StepContext(job.run_id, job.seq, job.attempt)
     try:
-        if step.is_async:
-            result = asyncio.run(_bounded(step.fn(*job.args, **kwargs), timeout, step.name))
-        elif timeout is not None:
-            result = _call_with_timeout(job, timeout, kwargs)
+        if interceptors:
+            last: StepBody = _Body(job, kwargs)
+            body = wrapped(interceptors, last, lambda i, n: i.step_body(n))
+            group = step.policy.group
+            attempt = StepBodyInput(
+                job.run_id, job.seq, job.attempt, step.name, job.args, job.headers, group
+            )
+            result = body.execute(attempt)
         else:
-            result = step.fn(*job.args, **kwargs)
+            result = _body(job, job.args, kwargs)
         output = payload.dumps(result)
     except BaseException as exc:  # the step's own business, KeyboardInterrupt included
         final: tuple[type[BaseException], ...] = (TerminalStepError, *step.policy.non_retryable)
@@ -82,6 +92,25 @@ def execute(job: StepJob, context: StepContext | None = None) -> StepOutcome:
     )
 
 
+class _Body(StepBody):
+    """The last step-body link: the body itself."""
+
+    def __init__(self, job: StepJob, kwargs: dict[str, Any]) -> None:
+        self._job, self._kwargs = job, kwargs
+
+    def execute(self, input: StepBodyInput) -> Any:
+        return _body(self._job, input.args, self._kwargs)
+
+
+def _body(job: StepJob, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    step, timeout = job.step, job.step.policy.timeout
+    if step.is_async:
+        return asyncio.run(_bounded(step.fn(*args, **kwargs), timeout, step.name))
+    if timeout is not None:
+        return _call_with_timeout(job, timeout, args, kwargs)
+    return step.fn(*args, **kwargs)
+
+
 async def _bounded(coro: Any, timeout: float | None, name: str) -> Any:
     try:
         return await asyncio.wait_for(coro, timeout)
@@ -89,14 +118,17 @@ async def _bounded(coro: Any, timeout: float | None, name: str) -> Any:
         raise StepTimeout(f"step {name!r} ran longer than its timeout of {timeout:g}s") from None
 
 
-def _call_with_timeout(job: StepJob, timeout: float, kwargs: dict[str, Any]) -> Any:
+def _call_with_timeout(
+    job: StepJob, timeout: float, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     """Run a sync step on a thread of its own and stop waiting for it at ``timeout``."""
     box: dict[str, Any] = {}
     late = threading.Event()  # set once the attempt has been given up
+    context = contextvars.copy_context()  # an interceptor's current span, say
 
     def body() -> None:
         try:
-            box["result"] = job.step.fn(*job.args, **kwargs)
+            box["result"] = context.run(job.step.fn, *args, **kwargs)
         except BaseException as exc:
             box["error"] = exc
         if late.is_set():
@@ -131,7 +163,13 @@ class StepRunner:
     """Runs step attempts on ``concurrency`` threads and reports each outcome to ``done``
     (called on the step's thread)."""
 
-    def __init__(self, concurrency: int, done: Callable[[StepOutcome], None]) -> None:
+    def __init__(
+        self,
+        concurrency: int,
+        done: Callable[[StepOutcome], None],
+        interceptors: Sequence[Interceptor] = (),
+    ) -> None:
+        self._interceptors = interceptors
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="step")
         self._concurrency = concurrency
         self._done = done
@@ -255,7 +293,7 @@ class StepRunner:
         self._pool.submit(self._run, job)
 
     def _run(self, job: StepJob) -> None:
-        outcome = execute(job)
+        outcome = execute(job, None, self._interceptors)
         with self._lock:
             deliver = True
             if job.key in self._kept:  # ran ahead of an aborted commit

@@ -248,6 +248,7 @@ class StartRun(Record):
     signal_payload: bytes | None = None
     signal_id: str = ""
     parent_seq: int | None = None  # set by the engine: where the parent awaits this child
+    headers: dict[str, str] = field(default_factory=dict)  # interceptors' (traceparent, ...)
 
 
 @dataclass(frozen=True, slots=True)
@@ -483,6 +484,7 @@ class RunStarted(Record):
     request_id: str = ""
     deadline_ms: int | None = None  # the run times out then
     parent_seq: int | None = None  # where the parent awaits this run's end
+    headers: dict[str, str] = field(default_factory=dict)  # the start's, merged
 
 
 @dataclass(frozen=True, slots=True)
@@ -1123,6 +1125,7 @@ class StepTask(Record):
     group: str = ""
     heartbeat_ms: int | None = None
     sent_at_ms: int = 0
+    headers: dict[str, str] = field(default_factory=dict)  # for step-body interceptors
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ in-memory one is never a user-facing backend.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from runstream.engine.limits import Limits
@@ -75,7 +75,12 @@ class EngineLog(Protocol):
         ...
 
     def produce(
-        self, topic: str, partition: int | None, key: bytes | None, value: bytes
+        self,
+        topic: str,
+        partition: int | None,
+        key: bytes | None,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]] = (),
     ) -> None: ...
 
     def send_offsets(self, offsets: Mapping[int, int]) -> None: ...

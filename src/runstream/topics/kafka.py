@@ -468,12 +468,21 @@ class KafkaLog(Transactions):
         self._producers.reverse()  # take turns (see __init__)
         self._must("begin_transaction", self._producer.begin_transaction)
 
-    def produce(self, topic: str, partition: int | None, key: bytes | None, value: bytes) -> None:
+    def produce(
+        self,
+        topic: str,
+        partition: int | None,
+        key: bytes | None,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> None:
         kwargs: dict[str, Any] = {"key": key, "value": value}
         if partition is not None:
             kwargs["partition"] = partition
         if topic == self.topics.journal:
             kwargs["headers"] = self._evidence()
+        elif headers:
+            kwargs["headers"] = list(headers)
         try:
             self._produce(topic, kwargs)
         except KafkaException as exc:  # rare: off the fast path

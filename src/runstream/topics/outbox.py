@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import NamedTuple
 
+from runstream.engine.interceptors import record_headers
 from runstream.engine.partitioner import partition_for
 from runstream.engine.work import Batch
 from runstream.schemas.codec import Codec
@@ -31,6 +32,7 @@ class Out(NamedTuple):
     partition: int | None  # None: the producer's partitioner (murmur2) decides
     key: bytes | None
     value: bytes
+    headers: tuple[tuple[str, bytes], ...] = ()  # a task's: its interceptor headers
 
 
 def outbox(
@@ -47,7 +49,8 @@ def outbox(
         encoded.setdefault(fact.run_id, []).append(data)
         out.append(Out(topics.journal, b.partition_of(fact.run_id), fact.run_id.encode(), data))
     for task, data in zip(fx.tasks, wire.tasks, strict=True):  # spread over the group's workers
-        out.append(Out(topics.tasks(task.group), None, task.run_id.encode(), data))
+        headers = tuple(record_headers(task.headers))  # traceparent, for any consumer
+        out.append(Out(topics.tasks(task.group), None, task.run_id.encode(), data, headers))
     for ev, data in zip(fx.lifecycle, wire.lifecycle, strict=True):
         out.append(Out(topics.lifecycle, b.partition_of(ev.run_id), ev.run_id.encode(), data))
     for cmd, data in zip(fx.commands, wire.commands, strict=True):

@@ -70,6 +70,7 @@ def start_child(ctx: Rules, b: Batch, st: RunState, call: ChildCall) -> bool:
             parent_run_id=run_id,
             sent_at_ms=now,
             parent_seq=call.seq if call.awaited else None,
+            headers=dict(call.headers),
         )
     )
     return not call.awaited

@@ -79,7 +79,7 @@ def advance(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int] = froze
             return
         if _history_full(ctx, b, st):
             return
-        result = _replay(ctx, wf, st, b.now)
+        result = _replay(ctx, b, wf, st)
         for fact in result.new_facts:
             emit(b, st, fact)
         if not _follow(ctx, b, st, result, relaunch):
@@ -104,8 +104,13 @@ def _history_full(ctx: Rules, b: Batch, st: RunState) -> bool:
     return True
 
 
-def _replay(ctx: Rules, wf: WorkflowDef, st: RunState, now: int) -> Replay:
-    return ctx.replayer.replay(wf, st, now, ctx.activation(st.run_id))
+def _replay(ctx: Rules, b: Batch, wf: WorkflowDef, st: RunState) -> Replay:
+    # What was settled before this batch, and still is (a retry reopens failed steps), is
+    # a replay to the interceptors (is_replaying).
+    before = b.runs[st.run_id].before if st.run_id in b.runs else st
+    old = before.resolved if isinstance(before, RunState) else {}
+    settled = max((s for s in old if s in st.resolved), default=0)
+    return ctx.replayer.replay(wf, st, b.now, ctx.activation(st.run_id), settled)
 
 
 def _follow(ctx: Rules, b: Batch, st: RunState, result: Replay, relaunch: frozenset[int]) -> bool:
@@ -122,7 +127,7 @@ def _follow(ctx: Rules, b: Batch, st: RunState, result: Replay, relaunch: frozen
                 )
             else:
                 emit(b, st, RunCompleted(run_id, now, output=output))
-        case ContinuedAsNew(value):
+        case ContinuedAsNew(value, headers):
             data, problem = _dumps(ctx, "the continue-as-new input", value)
             if problem:
                 emit(
@@ -133,7 +138,7 @@ def _follow(ctx: Rules, b: Batch, st: RunState, result: Replay, relaunch: frozen
                 return False
             successor = continuation_of(run_id)
             emit(b, st, RunCompleted(run_id, now, output=b"null", continued_as=successor))
-            runs.start_successor(b, st, successor, data, dict(st.tags), st.parent_seq)
+            runs.start_successor(b, st, successor, data, dict(st.tags), st.parent_seq, headers)
         case Failed(error, tb):
             error, tb = ctx.limits.clip(error), ctx.limits.clip(tb)
             if result.compensations:
@@ -152,8 +157,8 @@ def _follow(ctx: Rules, b: Batch, st: RunState, result: Replay, relaunch: frozen
             park(ctx, b, st, f"non-determinism: {err}")
         case Overran():
             park(ctx, b, st, OVERRAN)
-        case Blocked(StepCall(seq, step, args, priority, fairness)):
-            steps.run_step(ctx, b, st, seq, step, args, relaunch, priority, fairness)
+        case Blocked(StepCall(seq, step, args, priority, fairness, headers)):
+            steps.run_step(ctx, b, st, seq, step, args, relaunch, priority, fairness, headers)
         case Blocked(SleepCall(seq, secs)):
             if seq not in st.pending:
                 emit(b, st, TimerScheduled(run_id, now, seq=seq, due_ms=now + int(secs * 1000)))
@@ -215,8 +220,8 @@ def _relaunch_forward(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[in
         return
     outcome = replay(wf, st, ctx.registry, b.now, ctx.activation(st.run_id)).outcome
     match outcome:
-        case Blocked(StepCall(seq, step, args)) if seq in relaunch:
-            steps.run_step(ctx, b, st, seq, step, args, relaunch)
+        case Blocked(StepCall(seq, step, args, headers=headers)) if seq in relaunch:
+            steps.run_step(ctx, b, st, seq, step, args, relaunch, headers=headers)
 
 
 def compensate(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int] = frozenset()) -> None:

@@ -24,7 +24,14 @@ from runstream.schemas.records import (
 
 
 def dispatch(
-    ctx: Rules, b: Batch, st: RunState, seq: int, step: StepDef, args: tuple[Any, ...], attempt: int
+    ctx: Rules,
+    b: Batch,
+    st: RunState,
+    seq: int,
+    step: StepDef,
+    args: tuple[Any, ...],
+    attempt: int,
+    headers: dict[str, str] | None = None,
 ) -> None:
     """Start a remote attempt: record it and send its task to its group, in one
     transaction. Its id (seq, attempt, time) names it apart from every other attempt,
@@ -67,6 +74,7 @@ def dispatch(
         group=policy.group,
         heartbeat_ms=beat,
         sent_at_ms=b.now,
+        headers=dict(st.headers if headers is None else headers),
     )
     b.effects.tasks.append(task)
 

@@ -48,6 +48,7 @@ def start(ctx: Rules, b: Batch, st: RunState, cmd: StartRun) -> None:
             request_id=cmd.request_id,
             deadline_ms=None if timeout_ms is None else b.now + timeout_ms,
             parent_seq=cmd.parent_seq,
+            headers=dict(cmd.headers),
         ),
     )
     if cmd.signal is not None:  # buffered: the workflow's wait takes it
@@ -97,10 +98,12 @@ def start_successor(
     data: bytes,
     tags: dict[str, str],
     parent_seq: int | None,
+    headers: dict[str, str] | None = None,
 ) -> None:
     """Start the run that carries on from ``st`` (continue-as-new, retry as new), in
     the transaction that records why: the newest version of the same workflow. A
-    continued child reports to its parent in its place (``parent_seq``)."""
+    continued child reports to its parent in its place (``parent_seq``). It keeps the
+    run's ``headers`` (the trace goes on) unless given others."""
     b.effects.commands.append(
         StartRun(
             successor,
@@ -111,6 +114,7 @@ def start_successor(
             sent_at_ms=b.now,
             continued_from=st.run_id,
             parent_seq=parent_seq,
+            headers=dict(st.headers if headers is None else headers),
         )
     )
 

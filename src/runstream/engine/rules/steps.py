@@ -36,7 +36,11 @@ def run_step(
     relaunch: frozenset[int],
     priority: int = 0,
     fairness: str = "",
+    headers: dict[str, str] | None = None,
 ) -> None:
+    # What its body's interceptors see (`runstream.interceptors`): the run's, or as the
+    # outbound step interceptors left them.
+    headers = st.headers if headers is None else headers
     fact = st.pending.get(seq)
     p = b.partition_of(st.run_id)
     match fact:
@@ -45,7 +49,8 @@ def run_step(
         case StepFailed(retry_at_ms=int(due), attempt=prev) if due <= b.now:
             attempt = prev + 1
         case StepStarted(attempt=running, isolated=isolated) if seq in relaunch:
-            b.effects.steps.append(StepJob(p, st.run_id, seq, running, step, args, isolated))
+            job = StepJob(p, st.run_id, seq, running, step, args, isolated, headers)
+            b.effects.steps.append(job)
             return
         case PermitReceived(attempt=attempt, granted=True):
             pass  # it has its permit
@@ -68,10 +73,10 @@ def run_step(
         limits.request(b, st, ask)
         return
     if step.remote:
-        remote.dispatch(ctx, b, st, seq, step, args, attempt)
+        remote.dispatch(ctx, b, st, seq, step, args, attempt, headers)
         return
     core.emit(b, st, StepStarted(st.run_id, b.now, seq=seq, name=step.name, attempt=attempt))
-    b.effects.steps.append(StepJob(p, st.run_id, seq, attempt, step, args))
+    b.effects.steps.append(StepJob(p, st.run_id, seq, attempt, step, args, headers=headers))
 
 
 def step_outcome(ctx: Rules, b: Batch, st: RunState, o: StepOutcome) -> None:
