@@ -2,7 +2,7 @@
 peers, on the same machine in the same sitting (BENCHMARKS.md, "Side by side").
 
 Runs Runstream's harness and each peer's harness interleaved (Runstream, Restate, DBOS,
-Runstream, Restate, DBOS, ...), ``--rounds`` rounds. One *leg* is one round of one system's
+Temporal, Runstream, Restate, ...), ``--rounds`` rounds. One *leg* is one round of one system's
 workloads:
 
 * Runstream: ``python -m benchmarks floor W1 W2 W3 W4 --repeat N`` (one broker, one warm-up),
@@ -11,7 +11,10 @@ workloads:
   copy of ``<peers>/restate`` (default ``/tmp/peer-restate``), read from ``runs/run1.json``;
 * DBOS: ``ROUNDS=1 QUIET_WAIT_S=.. ROUND_QUIET_S=.. bash run.sh`` in a writable copy of
   ``<peers>/dbos`` (default ``/tmp/peer-dbos``), read from ``out/*.json`` (its run.sh has no
-  size flags: one full round, sensitivity runs included).
+  size flags: one full round, sensitivity runs included);
+* Temporal: ``ROUNDS=1 bash run.sh`` in a writable copy of ``<peers>/temporal`` (default
+  ``/tmp/peer-temporal``), read from ``out/*.json`` (one repetition of each workload, W1 and
+  W2 with activities and with local activities).
 
 Before each leg: whatever the previous leg left running is ended (by pid; this process is a
 child subreaper, so every process a leg started, daemons included, is its descendant), the
@@ -51,10 +54,15 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
 ARCHIVE = RESULTS / "compare"
-SYSTEMS = ("runstream", "restate", "dbos")
-NAMES = {"runstream": "Runstream", "restate": "Restate", "dbos": "DBOS"}
+SYSTEMS = ("runstream", "restate", "dbos", "temporal")
+NAMES = {"runstream": "Runstream", "restate": "Restate", "dbos": "DBOS", "temporal": "Temporal"}
 RUNSTREAM_WORKLOADS = ("floor", "W1", "W2", "W3", "W3b", "W4")
-PORTS = {"runstream": (), "restate": (8080, 9070, 5122, 9080), "dbos": (5432,)}
+PORTS = {
+    "runstream": (),
+    "restate": (8080, 9070, 5122, 9080),
+    "dbos": (5432,),
+    "temporal": (7233,),
+}
 STABILITY_GOAL = 0.15  # the spread across rounds the figures should stay within
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -70,42 +78,66 @@ def now_iso() -> str:
 # ----------------------------------------------------------------- the command line
 
 
+def default_peers() -> Path:
+    """``../shared/peers`` beside the repository; in a git worktree, beside the main
+    checkout when it is not beside the worktree."""
+    here = ROOT.parent / "shared" / "peers"
+    if here.is_dir():
+        return here
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        common = subprocess.run(
+            ["git", "rev-parse", "--path-format=absolute", "--git-common-dir"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        if common:
+            main = Path(common).parent.parent / "shared" / "peers"
+            if main.is_dir():
+                return main
+    return here
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks compare",
-        description="Runstream's harness and the peers' (Restate, DBOS) interleaved, round by "
-        "round, with the machine's load recorded before each leg; writes "
+        description="Runstream's harness and the peers' (Restate, DBOS, Temporal) interleaved, "
+        "round by round, with the machine's load recorded before each leg; writes "
         "benchmarks/results/compare.json and compare.md (a table of figures and ratios to "
         "the best peer).",
     )
     p.add_argument(
         "--peers",
         type=Path,
-        # ../shared/peers beside the repository, as the workplace lays it out
-        default=Path(__file__).resolve().parents[2] / "shared" / "peers",
-        help="folder with the peers' harnesses, restate/ and dbos/ (read-only is fine: each is "
-        "copied to a writable work dir first; default ../shared/peers beside the repository)",
+        default=default_peers(),
+        help="folder with the peers' harnesses, restate/, dbos/ and temporal/ (read-only is "
+        "fine: each is copied to a writable work dir first; default ../shared/peers beside "
+        "the repository, for a git worktree beside its main checkout: %(default)s)",
     )
     p.add_argument(
         "--work",
         type=Path,
         default=Path("/tmp"),
         help="where the writable copies live, as peer-<name>/ (default /tmp: /tmp/peer-restate, "
-        "/tmp/peer-dbos); an install already there is reused",
+        "/tmp/peer-dbos, /tmp/peer-temporal); an install already there is reused",
     )
     p.add_argument("--rounds", type=int, default=2, help="rounds of interleaved legs (default 2)")
     p.add_argument(
         "--only",
+        "--systems",
+        dest="only",
         default=",".join(SYSTEMS),
-        help="systems to run, comma-separated, from runstream,restate,dbos (the order of the "
-        "legs stays runstream, restate, dbos)",
+        help="systems to run, comma-separated, from runstream,restate,dbos,temporal (the "
+        "order of the legs stays runstream, restate, dbos, temporal)",
     )
     p.add_argument(
         "--repeat",
         type=int,
         default=3,
         help="repetitions per leg: Runstream --repeat, Restate --reps (and --max-attempts, so a "
-        "noisy repetition is not run again); DBOS has no such flag: one per leg (default 3)",
+        "noisy repetition is not run again); DBOS and Temporal have no such flag: one per leg "
+        "(default 3)",
     )
     p.add_argument(
         "--runs",
@@ -561,6 +593,9 @@ def runstream_figures(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "W4_dup": total([r.get("duplicated_step_executions") for r in reps4]),
         "W4_runs": total([r.get("runs") for r in reps4]),
         "W4_restart_s": dig(w4, "summary", "restart_to_all_completed_s", "median"),
+        "W4_recovery_s": dig(w4, "summary", "recovery_cost_s", "median"),
+        "CPU_engine": dig(w2, "summary", "cpu_s_per_1000_runs", "engine", "median"),
+        "CPU_total": dig(w2, "summary", "cpu_s_per_1000_runs", "total", "median"),
         "RSS_engine": engine,
         "RSS_total": add(engine, broker),
         "floor_txn_p50": dig(fl, "summary", "txn_commit_ms", "p50", "median"),
@@ -574,6 +609,18 @@ def runstream_figures(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def per_1000(cpu_s: Any, runs: Any) -> float | None:
+    """CPU seconds per 1,000 completed runs."""
+    c, n = num(cpu_s), num(runs)
+    return round(1000 * c / n, 3) if c is not None and n else None
+
+
+def recovery(restart_s: Any, due_s: Any) -> float | None:
+    """W4's recovery cost: restart -> all completed minus the sleep still due at the kill."""
+    r, d = num(restart_s), num(due_s)
+    return None if r is None or d is None else round(r - max(0.0, d), 3)
+
+
 def _install_missing(name: str, work: Path) -> str | None:
     """Why the peer's install in ``work`` is not usable, or None."""
     if name == "restate":
@@ -581,6 +628,10 @@ def _install_missing(name: str, work: Path) -> str | None:
             "node_modules/@restatedev/restate-server-linux-x64/bin/restate-server",
             ".venv/bin/python",
         ):
+            if not (work / need).exists():
+                return f"{work / need} does not exist"
+    if name == "temporal":
+        for need in ("bin/temporal", ".venv/bin/python"):
             if not (work / need).exists():
                 return f"{work / need} does not exist"
     if name == "dbos":
@@ -603,6 +654,10 @@ def leg_peer(ctx: Ctx, name: str, rnd: int, dest: Path) -> dict[str, Any]:
         reps = str(a.repeat)
         cmd = ["bash", "run.sh", "--reps", reps, "--max-attempts", reps]
         cmd += shlex.split(a.restate_args)
+    elif name == "temporal":
+        (work / "results.json").unlink(missing_ok=True)  # its run.sh clears out/ itself
+        env = peer_env({"ROUNDS": "1"})
+        cmd = ["bash", "run.sh"]
     else:
         (work / "results.json").unlink(missing_ok=True)
         for p in (work / "out").glob("*.json"):
@@ -618,6 +673,12 @@ def leg_peer(ctx: Ctx, name: str, rnd: int, dest: Path) -> dict[str, Any]:
         run = read_json(work / "runs" / "run1.json")
         leg["figures"], leg["notes"] = restate_figures(run or {})
         leg["versions"] = dig(run, "versions")
+    elif name == "temporal":
+        files = [*sorted((work / "out").glob("*.json")), work / "results.json"]
+        leg["files"] = archive(files, dest)
+        out = {p.stem: read_json(p) for p in (work / "out").glob("*.json")}
+        leg["figures"], leg["notes"] = temporal_figures(out)
+        leg["versions"] = temporal_versions(out.get("meta") or {})
     else:
         files = [*sorted((work / "out").glob("*.json")), work / "results.json"]
         leg["files"] = archive(files, dest)
@@ -665,6 +726,24 @@ def restate_figures(run: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dic
         return max((v for v in vs if v is not None), default=None)
 
     server, service = peak("restate_server"), peak("python_service")
+    # CPU of restate-server (it holds its own log: no other database) and the service
+    cpu = median(
+        [
+            per_1000(
+                add(
+                    dig(r, "resources", "restate_server", "cpu_s"),
+                    dig(r, "resources", "python_service", "cpu_s"),
+                ),
+                r.get("runs"),
+            )
+            for r in w2
+        ]
+    )
+    # No step times are recorded: the sleep still due at the kill (all runs asleep then) is
+    # taken as the whole sleep, its upper bound, which gives Restate its lowest cost.
+    cost = median(
+        [recovery(r.get("restart_to_all_completed_s"), r.get("sleep_s", 2.0)) for r in w4]
+    )
     f: dict[str, dict[str, Any]] = {
         "W1_p50": {"main": median([r.get("p50") for r in w1])},
         "W1_p99": {"main": median([r.get("p99") for r in w1])},
@@ -677,6 +756,9 @@ def restate_figures(run: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dic
         "W4_dup": {"main": total([r.get("duplicate_step_executions") for r in w4])},
         "W4_runs": {"main": total([r.get("runs") for r in w4])},
         "W4_restart_s": {"main": median([r.get("restart_to_all_completed_s") for r in w4])},
+        "W4_recovery_s": {"main": cost},
+        "CPU_engine": {"main": cpu},
+        "CPU_total": {"main": cpu},
         "RSS_engine": {"main": add(server, service)},
         "RSS_total": {"main": add(server, service)},
     }
@@ -701,6 +783,29 @@ def dbos_figures(out: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[s
     w4_r1, and the W2 memory round w2_mem)."""
     w1, w2, w3, w4 = (out.get(f"{k}_r1") or {} for k in ("w1", "w2", "w3", "w4"))
     mon = dig(out, "w2_mem", "monitor") or {}
+
+    def cpu(d: dict[str, Any] | None, part: str) -> float | None:
+        """Per 1,000 runs completed in its window (cpuacct's, from before the untimed
+        warm-up runs to the end: those runs count too)."""
+        acc = dig(d, "cpu_accounting") or {}
+        own, pg = acc.get("own_process_cpu_s"), acc.get("postgres_cpu_s")
+        runs = add(dig(d, "runs"), dig(d, "warmup_runs"))
+        return per_1000(own if part == "engine" else add(own, pg), runs)
+
+    q05, q1 = out.get("w2q_p0.05_r1"), out.get("w2q_p1.0_r1")
+    # the sleep still due at the kill, from its step log's times: the last 'before' step
+    # + 2 s - the kill (kill -> restart is kill_to_all_done - restart_to_all_done)
+    k2a, r2a, r_minus_deadline = (
+        num(w4.get(k))
+        for k in (
+            "kill_to_all_done_s",
+            "restart_to_all_done_s",
+            "restart_minus_last_sleep_deadline_s",
+        )
+    )
+    due = None
+    if k2a is not None and r2a is not None and r_minus_deadline is not None:
+        due = (k2a - r2a) - r_minus_deadline
     py, pg = num(mon.get("python_peak_rss_mib")), num(mon.get("postgres_peak_pss_sum_mib"))
     f: dict[str, dict[str, Any]] = {
         "W1_p50": {"main": w1.get("p50_ms")},
@@ -716,6 +821,17 @@ def dbos_figures(out: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[s
         "W4_dup": {"main": w4.get("duplicate_step_executions")},
         "W4_runs": {"main": w4.get("runs")},
         "W4_restart_s": {"main": w4.get("restart_to_all_done_s")},
+        "W4_recovery_s": {"main": recovery(w4.get("restart_to_all_done_s"), due)},
+        "CPU_engine": {
+            "thread pool": cpu(w2, "engine"),
+            "queue, poll 0.05 s": cpu(q05, "engine"),
+            "queue, poll 1 s": cpu(q1, "engine"),
+        },
+        "CPU_total": {
+            "thread pool": cpu(w2, "total"),
+            "queue, poll 0.05 s": cpu(q05, "total"),
+            "queue, poll 1 s": cpu(q1, "total"),
+        },
         "RSS_engine": {"main": py},
         "RSS_total": {"main": add(py, pg)},
     }
@@ -736,6 +852,77 @@ def dbos_figures(out: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[s
     return f, notes
 
 
+def temporal_figures(out: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """A leg's figures from Temporal's out/*.json (one round: W1-act-r1, W1-local-r1,
+    W2-act-r1, W2-local-r1, W3-r1, W4-r1; see its bench.py). Activities and local
+    activities are variants of W1 and W2."""
+    w1a, w1l, w2a, w2l, w3, w4 = (
+        out.get(k) or {}
+        for k in ("W1-act-r1", "W1-local-r1", "W2-act-r1", "W2-local-r1", "W3-r1", "W4-r1")
+    )
+
+    def both(key: str) -> dict[str, Any]:
+        return {"activities": w1a.get(key), "local activities": w1l.get(key)}
+
+    def cpu(d: dict[str, Any]) -> float | None:
+        # the dev server (its SQLite inside) and the worker, over the timed W2 window only
+        acc = d.get("cpu_accounting") or {}
+        return per_1000(add(acc.get("server_cpu_s"), acc.get("worker_cpu_s")), d.get("n"))
+
+    def rss(d: dict[str, Any]) -> float | None:
+        peak = d.get("peak_rss_sampled_mib") or {}
+        return add(peak.get("server"), peak.get("worker"))
+
+    # No step times are recorded: the sleep still due at the kill is taken as the whole
+    # sleep, its upper bound (exact for a run whose 'before' step had not run), which gives
+    # Temporal its lowest cost.
+    cost = recovery(w4.get("restart_to_all_done_s"), 2.0)
+    f: dict[str, dict[str, Any]] = {
+        "W1_p50": both("p50_ms"),
+        "W1_p99": both("p99_ms"),
+        "W2_runs_per_s": {
+            "activities": w2a.get("runs_per_s"),
+            "local activities": w2l.get("runs_per_s"),
+        },
+        "W3_p50": {"main": w3.get("p50_ms")},
+        "W3_p99": {"main": w3.get("p99_ms")},
+        "W4_lost": {"main": w4.get("runs_lost")},
+        "W4_dup": {"main": w4.get("duplicate_step_executions")},
+        "W4_runs": {"main": w4.get("n")},
+        "W4_restart_s": {"main": w4.get("restart_to_all_done_s")},
+        "W4_recovery_s": {"main": cost},
+        "CPU_engine": {"activities": cpu(w2a), "local activities": cpu(w2l)},
+        "CPU_total": {"activities": cpu(w2a), "local activities": cpu(w2l)},
+        "RSS_engine": {"activities": rss(w2a), "local activities": rss(w2l)},
+        "RSS_total": {"activities": rss(w2a), "local activities": rss(w2l)},
+    }
+    f = {k: {v: x for v, x in d.items() if num(x) is not None} for k, d in f.items()}
+    f = {k: d for k, d in f.items() if d}
+    if rss(w2a) is not None:
+        peak = w2a.get("peak_rss_sampled_mib") or {}
+        f["RSS_parts"] = {
+            "dev server incl. SQLite (sampled peak)": peak.get("server"),
+            "worker (sampled peak)": peak.get("worker"),
+        }
+    notes = {
+        "w2_wrong_results": add(w2a.get("wrong_results"), w2l.get("wrong_results") or 0),
+        "w4_restart_to_server_ready_s": w4.get("restart_to_server_ready_s"),
+        "w4_at_kill": {
+            k: w4.get(k)
+            for k in (
+                "runs_asleep_at_kill",
+                "runs_before_step_not_done_at_kill",
+                "runs_past_sleep_at_kill",
+            )
+        },
+    }
+    return f, notes
+
+
+def temporal_versions(meta: dict[str, Any]) -> dict[str, Any]:
+    return {k: meta.get(k) for k in ("temporal_cli", "temporalio", "python", "server_cmd")}
+
+
 def refigure(leg: dict[str, Any]) -> None:
     """Read a leg's figures again from the files archived with it (``--table-only``)."""
     files = {Path(f).name: ROOT / f for f in leg.get("files", [])}
@@ -746,9 +933,10 @@ def refigure(leg: dict[str, Any]) -> None:
         leg["figures"] = runstream_figures(data)
     elif leg["system"] == "restate" and "run1.json" in files:
         leg["figures"], leg["notes"] = restate_figures(read_json(files["run1.json"]) or {})
-    elif leg["system"] == "dbos":
+    elif leg["system"] in ("dbos", "temporal"):
         out = {Path(n).stem: read_json(f) for n, f in files.items() if n != "results.json"}
-        leg["figures"], leg["notes"] = dbos_figures(out)
+        figures = dbos_figures if leg["system"] == "dbos" else temporal_figures
+        leg["figures"], leg["notes"] = figures(out)
 
 
 def leg_label(rnd: int, name: str = "runstream") -> str:
@@ -767,19 +955,32 @@ class Figure:
     digits: int = 1
     count: str = ""  # W4 counts: summed over the rounds, shown as "n <count> N runs"
     ratio: bool = True  # the floor is Runstream's only (Kafka itself): no peer, no ratio
+    goal: float | None = None  # issue 23's goal for the ratio to the best peer
 
 
 FIGURES = (
-    Figure("W1_p50", "W1 latency p50", "ms", "lower"),
-    Figure("W1_p99", "W1 latency p99", "ms", "lower"),
-    Figure("W2_runs_per_s", "W2 throughput", "runs/s", "higher", 0),
-    Figure("W3_p50", "W3 signal round trip p50", "ms", "lower"),
+    Figure("W1_p50", "W1 latency p50", "ms", "lower", goal=1.0),
+    Figure("W1_p99", "W1 latency p99", "ms", "lower", goal=1.0),
+    Figure("W2_runs_per_s", "W2 throughput", "runs/s", "higher", 0, goal=2.5),
+    Figure("W3_p50", "W3 signal round trip p50", "ms", "lower", goal=1.0),
     Figure("W3_p99", "W3 signal round trip p99", "ms", "lower"),
     Figure("W3b_p50", "W3b promise (awakeable) resolved by a client, p50", "ms", "lower"),
     Figure("W3b_p99", "W3b promise (awakeable) resolved by a client, p99", "ms", "lower"),
     Figure("W4_lost", "W4 runs lost", "", "lower", 0, count="of"),
     Figure("W4_dup", "W4 re-run (duplicated) step executions", "", "lower", 0, count="in"),
     Figure("W4_restart_s", "W4 restart → all completed", "s", "lower", 2),
+    Figure(
+        "W4_recovery_s",
+        "W4 recovery cost: restart → all completed minus sleep still due at the kill",
+        "s",
+        "lower",
+        2,
+        goal=0.5,
+    ),
+    Figure("CPU_engine", "CPU per 1,000 runs in W2: engine processes", "s", "lower", 2),
+    Figure(
+        "CPU_total", "CPU per 1,000 runs in W2: engine + its database", "s", "lower", 2, goal=0.5
+    ),
     Figure("RSS_engine", "RSS during W2: engine processes", "MiB", "lower", 0),
     Figure("RSS_total", "RSS during W2: engine + its database", "MiB", "lower", 0),
     Figure("floor_txn_p50", "Kafka floor: txn commit p50", "ms", "lower", 2, ratio=False),
@@ -856,6 +1057,18 @@ def aggregate(legs: list[dict[str, Any]], systems: list[str]) -> list[dict[str, 
         ours = entry["runstream"]
         if ours and ours.get("spread") is not None and not fig.count:
             entry["runstream_spread_within_goal"] = ours["spread"] <= STABILITY_GOAL
+        if not fig.count:
+            entry["spread_over_goal"] = [
+                f"{s} {v}"
+                for s, vs in per.items()
+                for v, st in vs.items()
+                if st.get("spread") is not None and st["spread"] > STABILITY_GOAL
+            ]
+        if fig.goal is not None and entry["ratio"] is not None:
+            entry["goal"] = fig.goal
+            entry["goal_met"] = (
+                entry["ratio"] <= fig.goal if fig.better == "lower" else entry["ratio"] >= fig.goal
+            )
         out.append(entry)
     return out
 
@@ -867,7 +1080,17 @@ def fmt(x: float | None, digits: int, unit: str = "") -> str:
     return f"{s} {unit}".rstrip() if unit else s
 
 
-def cell(st: dict[str, Any] | None, fig: Figure, with_range: bool = True) -> str:
+def spread_text(st: dict[str, Any] | None) -> str:
+    """A figure's spread across rounds, flagged when over the goal."""
+    if not st or st.get("spread") is None:
+        return "1 round" if st and st.get("n") == 1 else "n/a"
+    text = f"{100 * st['spread']:.0f} %"
+    return text + " ⚠ > 15 %" if st["spread"] > STABILITY_GOAL else text
+
+
+def cell(
+    st: dict[str, Any] | None, fig: Figure, with_range: bool = True, with_spread: bool = False
+) -> str:
     if not st:
         return "n/a"
     if fig.count:
@@ -875,6 +1098,8 @@ def cell(st: dict[str, Any] | None, fig: Figure, with_range: bool = True) -> str
     s = fmt(st["median"], fig.digits, fig.unit)
     if with_range and st["n"] > 1:
         s += f" ({fmt(st['min'], fig.digits)}-{fmt(st['max'], fig.digits)})"
+    if with_spread and st["n"] > 1:
+        s += f", spread {spread_text(st)}"
     return s
 
 
@@ -882,8 +1107,19 @@ def peer_cell(variants: dict[str, Any] | None, fig: Figure) -> str:
     if not variants:
         return "—" if not fig.ratio else "n/a"
     if list(variants) == ["main"]:
-        return cell(variants["main"], fig)
-    return "; ".join(f"{v}: {cell(st, fig, with_range=False)}" for v, st in variants.items())
+        return cell(variants["main"], fig, with_spread=True)
+    return "; ".join(
+        f"{v}: {cell(st, fig, with_range=False, with_spread=True)}" for v, st in variants.items()
+    )
+
+
+def goal_text(entry: dict[str, Any], fig: Figure) -> str:
+    if fig.goal is None:
+        return "—"
+    want = f"{'≤' if fig.better == 'lower' else '≥'} {fig.goal:g}x"
+    if "goal_met" not in entry:
+        return want
+    return want + (" ✓" if entry["goal_met"] else " ✗")
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -922,22 +1158,14 @@ def markdown(report: dict[str, Any]) -> str:
                 L += ["", "```", *rest, "```"]
     L.append("")
     head = ["figure", "better", "Runstream: median (min-max)", "spread"]
-    head += [NAMES[p] for p in peers] + ["best peer", "Runstream / best peer"]
+    head += [NAMES[p] for p in peers] + ["best peer", "Runstream / best peer", "goal"]
     L.append("| " + " | ".join(head) + " |")
     L.append("|" + "---|" * len(head))
     figs = {f.key: f for f in FIGURES}
     for e in report["figures"]:
         fig = figs[e["key"]]
         ours = e["runstream"]
-        spread = "n/a"
-        if ours and ours.get("spread") is not None and not fig.count:
-            spread = f"{100 * ours['spread']:.0f} %"
-            if ours["spread"] > STABILITY_GOAL:
-                spread += " (> 15 %)"
-        elif ours and ours["n"] == 1:
-            spread = "1 round"
-        if fig.count:
-            spread = "—"
+        spread = "—" if fig.count else spread_text(ours)
         best = e["best_peer"]
         if best:
             who = NAMES[best["system"]] + (
@@ -953,22 +1181,58 @@ def markdown(report: dict[str, Any]) -> str:
         else:
             ratio = "—"
         row = [fig.label, fig.better, cell(ours, fig), spread]
-        row += [peer_cell(dig(e, "systems", p), fig) for p in peers] + [who, ratio]
+        row += [peer_cell(dig(e, "systems", p), fig) for p in peers]
+        row += [who, ratio, goal_text(e, fig)]
         L.append("| " + " | ".join(row) + " |")
     L.append("")
     L.append(
         "Ratio: Runstream's median over the rounds / the best peer's median over the rounds "
         "(the best of every variant of every peer); for a figure where lower is better, below "
-        "1 means Runstream is better, for one where higher is better, above 1. Spread: "
-        "(max - min) / median of Runstream's per-round figures (goal: at most 15 %). Each "
-        "round's figure is the median of that leg's repetitions. W4 counts are totals over "
-        "the rounds. RSS: Runstream's engine is `runstream worker` with its supervisor and "
-        "engine child, its database the Kafka broker; Restate's engine is restate-server (it "
-        "holds its own log and state, no separate database) plus the Python service running "
-        "the steps (peaks of each, added); DBOS's engine is the Python process (DBOS, the "
-        "steps and the 64 client threads), its database PostgreSQL (PSS summed over its "
-        "processes). The Kafka floor is Kafka itself, no peer."
+        "1 means Runstream is better, for one where higher is better, above 1; goal: issue "
+        "23's goal for that ratio. Spread: (max - min) / median of a system's per-round "
+        "figures, for every system (goal: at most 15 %; ⚠ marks one over it; the median is "
+        "of the rounds, so `--rounds 5` gives the median of five). Each round's figure is the "
+        "median of that leg's repetitions. W4 counts are totals over the rounds. RSS: "
+        "Runstream's engine is `runstream worker` with its supervisor and engine child, its "
+        "database the Kafka broker; Restate's engine is restate-server (it holds its own log "
+        "and state, no separate database) plus the Python service running the steps (peaks "
+        "of each, added); DBOS's engine is the Python process (DBOS, the steps and the 64 "
+        "client threads), its database PostgreSQL (PSS summed over its processes); "
+        "Temporal's is the dev server (SQLite inside it) plus the worker (sampled peaks, "
+        "added). The Kafka floor is Kafka itself, no peer."
     )
+    L.append("")
+    L.append(
+        "CPU per 1,000 runs in W2: user+system CPU seconds from /proc over the W2 window "
+        "only, divided by the runs completed in it. Runstream: the harness reads every "
+        "`runstream worker` process tree and the broker JVM (psutil cpu_times) from the first "
+        "start to the last completion (with `--bootstrap`, a shared broker's CPU includes its "
+        "other clients). Restate: its bench.py's Sampler, restate-server + the Python "
+        "service over the timed W2 (no separate database). DBOS: its cpuacct.py, the Python "
+        "process (DBOS, steps and the 64 client threads, which cannot be told apart) + every "
+        "postgres process, from before its 128 untimed warm-up runs to the end (those runs "
+        "are counted). Temporal: its bench.py's Ctx, the dev server (SQLite inside) + the "
+        "worker over the timed W2. No client's own CPU is counted, except DBOS's in-process "
+        "client threads."
+    )
+    L.append("")
+    L.append(
+        "W4 recovery cost: restart → all completed minus the sleep still due at the kill "
+        "(the latest sleep deadline of a run asleep then, minus the kill time); the rest is "
+        "the workload. Runstream: from the journal's TimerScheduled due times. DBOS: from "
+        "its step log's times (last 'before' step + 2 s). Restate and Temporal record no "
+        "step times: the sleep due is taken as the whole 2 s, its upper bound, which gives "
+        "them their lowest possible cost."
+    )
+    if "temporal" in peers:
+        L.append("")
+        L.append(
+            "Temporal runs as its dev server (`temporal server start-dev`, SQLite), not its "
+            "production deployment (PostgreSQL, MySQL or Cassandra and several services); "
+            "its figures are that server's, with its default settings (its transfer queue "
+            "is polled at most 20 times a second per shard, which sets its W1 with "
+            "activities)."
+        )
     L.append("")
     L.append("| round | system | started (UTC) | took | load avg before | steal | busy | exit |")
     L.append("|---|---|---|---|---|---|---|---|")
@@ -991,7 +1255,7 @@ def versions_line(report: dict[str, Any]) -> dict[str, str]:
                 return leg["versions"]
         return {}
 
-    rs, re_, db = last("runstream"), last("restate"), last("dbos")
+    rs, re_, db, te = last("runstream"), last("restate"), last("dbos"), last("temporal")
     commit = (rs.get("runstream_git_commit") or "?")[:7]
     dirty = " + uncommitted src/ changes" if rs.get("runstream_src_changes") else ""
     if rs.get("runstream_root"):
@@ -1002,6 +1266,8 @@ def versions_line(report: dict[str, Any]) -> dict[str, str]:
         "restate": f"{re_.get('restate-server', 'restate-server ?')} "
         f"(restate-sdk {re_.get('restate-sdk', '?')})",
         "dbos": f"DBOS {db.get('dbos', '?')} on {pg}",
+        "temporal": f"Temporal dev server ({te.get('temporal_cli') or 'temporal CLI ?'}; SQLite) "
+        f"+ temporalio {te.get('temporalio', '?')}",
     }
 
 
@@ -1017,6 +1283,8 @@ def sizes_line(args: argparse.Namespace) -> dict[str, str]:
         "restate": f"Restate `RUNS=1 bash run.sh --reps {args.repeat} --max-attempts "
         f"{args.repeat}{restate_extra}`",
         "dbos": "DBOS `ROUNDS=1 bash run.sh` (one repetition of each workload)",
+        "temporal": "Temporal `ROUNDS=1 bash run.sh` (one repetition of each workload; W1 and "
+        "W2 with activities and with local activities)",
     }
 
 
@@ -1052,6 +1320,9 @@ def preflight(name: str, args: argparse.Namespace) -> str | None:
         return _install_missing(name, args.work / f"peer-{name}")
     if name == "restate" and shutil.which("npm") is None:
         return "its install needs npm (`npm install --ignore-scripts`), which is not on PATH"
+    built = (args.work / "peer-temporal" / "bin" / "temporal").exists()
+    if name == "temporal" and not built and shutil.which("go") is None:
+        return "its run.sh builds the temporal CLI with `go install`, and go is not on PATH"
     return None
 
 

@@ -313,6 +313,39 @@ class Sampler(threading.Thread):
         return out
 
 
+def tree_cpu(pids: Iterable[int]) -> dict[int, float]:
+    """pid -> user+system CPU seconds now, of the given processes and all their
+    descendants (from /proc, via psutil)."""
+    out: dict[int, float] = {}
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            for proc in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    t = proc.cpu_times()
+                    out[proc.pid] = t.user + t.system
+    return out
+
+
+def cpu_used(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds used between two tree_cpu() readings (a process born in between
+    counts from zero; one that ended in between is lost, which W2 does not do)."""
+    return sum(max(0.0, t - before.get(pid, 0.0)) for pid, t in after.items())
+
+
+def listening_pids(port: int) -> list[int]:
+    """Pids listening on a TCP port (an external broker: its JVM), or [] when unknown."""
+    with contextlib.suppress(psutil.Error):
+        return sorted(
+            {
+                c.pid
+                for c in psutil.net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid
+            }
+        )
+    return []
+
+
 def _running(proc: psutil.Process) -> bool:
     try:
         return proc.status() != psutil.STATUS_ZOMBIE
@@ -530,6 +563,21 @@ class Bench:
             with contextlib.suppress(Exception):
                 engine.stop()
         self.engines = []
+
+    def broker_pids(self) -> tuple[list[int], str]:
+        """The broker's processes and where they come from: the harness's own broker, or
+        for ``--bootstrap`` the process listening on its port (shared with whoever else
+        uses that broker)."""
+        if self.kafka is not None:
+            return list(self.kafka.pids), "the broker this harness started"
+        port = int(self.bootstrap.split(",")[0].rsplit(":", 1)[-1])
+        pids = listening_pids(port)
+        return pids, (
+            f"the external broker listening on port {port} (pid {pids}); its CPU includes "
+            "any other client of that broker meanwhile"
+            if pids
+            else f"unknown: no process seen listening on port {port}"
+        )
 
     # -- namespaces
 

@@ -28,6 +28,7 @@ from .harness import (
     Lifecycle,
     TopicWatcher,
     base_record,
+    cpu_used,
     finish_record,
     floor_figures,
     fmt_spread,
@@ -36,6 +37,7 @@ from .harness import (
     run_ids_per_partition,
     spread,
     tail,
+    tree_cpu,
     wait_ready,
 )
 
@@ -184,10 +186,13 @@ def throughput(
     completions come from one read_committed consumer of the lifecycle topic."""
     lc = Lifecycle(bench.bootstrap, ns, tag.encode())
     client = runstream.Client(ns, bench.bootstrap)
+    engine_pids = [e.pid for e in bench.engines if e.pid is not None]
+    broker_pids, broker_source = bench.broker_pids()
     try:
         ids = [f"{tag}{i}" for i in range(runs)]
         started = done = wrong = 0
         failed: list[str] = []
+        cpu0 = (tree_cpu(engine_pids), tree_cpu(broker_pids))
         t0 = time.perf_counter()
         t_last = t_said = t0
         while started < min(in_flight, runs):
@@ -213,6 +218,14 @@ def throughput(
                 client.start("w1", 1, run_id=ids[started], wait=False)
                 started += 1
         wall = t_last - t0
+        # CPU over the same window (to the last completion seen, a few ms after the fact)
+        engine = cpu_used(cpu0[0], tree_cpu(engine_pids))
+        broker = cpu_used(cpu0[1], tree_cpu(broker_pids)) if broker_pids else None
+        cpu = {
+            "engine": engine,
+            "broker": broker,
+            "total": engine + broker if broker is not None else None,
+        }
         dupes = sum(1 for n in lc.terminal_count.values() if n > 1)
         return {
             "runs": runs,
@@ -224,6 +237,11 @@ def throughput(
             "not_completed_count": len(failed),
             "wrong_results": wrong,
             "duplicate_terminal_events": dupes,
+            "cpu_s": {k: None if v is None else round(v, 3) for k, v in cpu.items()},
+            "cpu_s_per_1000_runs": {
+                k: None if v is None else round(1000 * v / runs, 3) for k, v in cpu.items()
+            },
+            "cpu_broker_source": broker_source,
         }
     finally:
         client.close()
@@ -252,7 +270,19 @@ def w2(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
             rep.update(throughput(bench, ns, runs, in_flight, f"w2-{r}-"))
         log(f"W2 repeat {r + 1}: {rep['runs_per_s']} runs/s ({rep['wall_s']} s)")
     _record_common(record, reps)
-    summary = {k: spread(rep[k] for rep in reps) for k in ("runs_per_s", "steps_per_s", "wall_s")}
+    summary: dict[str, Any] = {
+        k: spread(rep[k] for rep in reps) for k in ("runs_per_s", "steps_per_s", "wall_s")
+    }
+    summary["cpu_s_per_1000_runs"] = {
+        k: spread(rep["cpu_s_per_1000_runs"][k] for rep in reps)
+        for k in ("engine", "broker", "total")
+    }
+    record["cpu_note"] = (
+        "user+system CPU seconds from /proc (psutil cpu_times) of every `runstream worker` "
+        "and its descendants (engine) and of the broker JVM (broker), over each repeat's "
+        "measured window (first start to last completion), per 1,000 completed runs; broker: "
+        + reps[-1]["cpu_broker_source"]
+    )
     record["summary"] = summary
     floor = floor_figures()
     rps = summary["runs_per_s"]["median"] if summary["runs_per_s"] else None
@@ -271,7 +301,9 @@ def w2(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
     line = (
         f"W2: {fmt_spread(summary['runs_per_s'], ' runs/s')}, "
         f"{fmt_spread(summary['steps_per_s'], ' steps/s', 0)}; {runs} runs, "
-        f"{in_flight} in flight x {args.repeat}"
+        f"{in_flight} in flight x {args.repeat}; CPU per 1,000 runs: engine "
+        f"{fmt_spread(summary['cpu_s_per_1000_runs']['engine'], ' s', 2)}, broker "
+        f"{fmt_spread(summary['cpu_s_per_1000_runs']['broker'], ' s', 2)}"
     )
     if "floor_ratio" in record:
         line += f"; {record['floor_ratio']['ratio']}x floor txns/s"
@@ -486,8 +518,9 @@ def w4(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
                     client.start("nap", nap, run_id=rid, wait=False)
                 client.close()  # flush
                 all_asleep = lc.wait_count("suspended", runs, 60)
-                t_kill = time.perf_counter()
+                t_kill, kill_ms = time.perf_counter(), time.time() * 1000
                 asleep, done_before = len(lc.suspended), len(lc.terminal)
+                asleep_ids = set(lc.suspended)
                 rep["engine_rss_before_kill_mb"] = round(bench.sampler.rss("engine") / 2**20, 1)
                 if args.supervisor_restart:
                     t_restart = _kill_engine_child(engine, rep)
@@ -536,6 +569,17 @@ def w4(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
             float(rec["at_ms"] - due[rid]) for rid, (_, rec, _) in lc.terminal.items() if rid in due
         ]
         rep["completed_after_due_ms"] = latency_stats(late)
+        # The recovery cost: restart -> all completed minus the sleep still due at the kill
+        # (the latest timer of a run asleep then); the rest is the workload's own sleep.
+        dues = [due[rid] for rid in asleep_ids if rid in due]
+        rep["sleep_due_at_kill_s"] = (
+            round(max(0.0, (max(dues) - kill_ms) / 1000), 3) if dues else None
+        )
+        rep["recovery_cost_s"] = (
+            round(rep["restart_to_all_completed_s"] - rep["sleep_due_at_kill_s"], 3)
+            if rep["restart_to_all_completed_s"] is not None and dues
+            else None
+        )
         log(
             f"W4 repeat {r + 1}: lost {rep['runs_lost']}, duplicated step executions "
             f"{rep['duplicated_step_executions']}, restart->all completed "
@@ -544,6 +588,8 @@ def w4(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
     _record_common(record, reps)
     keys = (
         "restart_to_all_completed_s",
+        "recovery_cost_s",
+        "sleep_due_at_kill_s",
         "kill_to_all_completed_s",
         "runs_lost",
         "duplicated_step_executions",
@@ -557,7 +603,8 @@ def w4(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
     line = (
         f"W4: runs lost {fmt_spread(summary['runs_lost'], '', 0)}, duplicated step "
         f"executions {fmt_spread(summary['duplicated_step_executions'], '', 0)}, restart "
-        f"-> all completed {fmt_spread(summary['restart_to_all_completed_s'], ' s', 2)} "
+        f"-> all completed {fmt_spread(summary['restart_to_all_completed_s'], ' s', 2)}, "
+        f"recovery cost {fmt_spread(summary['recovery_cost_s'], ' s', 2)} "
         f"(kill -> all completed {fmt_spread(summary['kill_to_all_completed_s'], ' s', 2)}; "
         f"completed after due: max "
         f"{fmt_spread(summary['completed_after_due_ms']['max'], ' ms', 0)}); "
