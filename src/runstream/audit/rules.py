@@ -43,6 +43,7 @@ from runstream.schemas.records import (
     ENTITY_PREFIX,
     ChildEnded,
     ChildStarted,
+    CompensationStarted,
     EventAwaited,
     EventReceived,
     EventTimedOut,
@@ -56,10 +57,12 @@ from runstream.schemas.records import (
     PromiseCreated,
     RetriedAsNew,
     RunParked,
+    RunPaused,
     RunRecovered,
     RunRejected,
     RunRetried,
     RunStarted,
+    RunUnpaused,
     SignalAwaited,
     SignalBuffered,
     SignalReceived,
@@ -164,6 +167,7 @@ class RunCheck:
         "open",
         "parked",
         "partition",
+        "paused",
         "permits",
         "problems",
         "promises",
@@ -188,6 +192,7 @@ class RunCheck:
         self.terminal_at = -1
         self.after_end: list[tuple[str, int]] = []
         self.parked = False
+        self.paused = False  # between RunPaused and RunUnpaused (or a cancel's compensation)
         self.dead_lettered = False
         self.problems: list[tuple[str, tuple[int, ...]]] = []
         # seq -> (kind of open fact, its attempt, its position): what the run waits for
@@ -238,6 +243,8 @@ class RunCheck:
             return
         if self.parked and not isinstance(fact, RunParked | SignalBuffered | PromiseCompleted):
             self.parked = False
+        if self.paused and seq is not None and seq not in self.seqs:  # its code ran
+            self._bad(f"{name} seq {seq} is a new operation while the run is paused", pos)
         if seq is not None:
             self.seqs.add(seq)
         match fact:
@@ -301,6 +308,8 @@ class RunCheck:
                     self._bad("RunRejected after the run started", pos)
             case RunParked():
                 self.parked = True
+            case RunPaused() | RunUnpaused() | CompensationStarted():
+                self.paused = isinstance(fact, RunPaused)
             case PermitRequested():
                 if fact.seq in self.permits:
                     self._bad(f"a second PermitRequested at seq {fact.seq}", pos)

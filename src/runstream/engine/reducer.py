@@ -50,10 +50,12 @@ from runstream.schemas.records import (
     RunDead,
     RunFailed,
     RunParked,
+    RunPaused,
     RunRecovered,
     RunRejected,
     RunRetried,
     RunStarted,
+    RunUnpaused,
     ScheduleChanged,
     ScheduleFired,
     ScheduleSet,
@@ -160,12 +162,13 @@ def _run(state: RunState, fact: Fact) -> None:
             state.signal_ids.add(fact.signal_id)
         case RunRecovered():
             state.recoveries = fact.recoveries
-        case CompensationStarted():
-            state.compensation, state.status = fact, Status.COMPENSATING
+        case CompensationStarted():  # a cancel or a timeout ends a pause
+            state.compensation, state.status, state.paused = fact, Status.COMPENSATING, None
         case RunParked():
             state.status, state.reason = Status.PARKED, fact.reason
         case RunCompleted() | RunFailed() | RunCancelled() | RunDead():
             state.status, state.ended_at_ms = END_FACTS[type(fact)], fact.at_ms
+            state.paused = None
             state.beats.clear()
             state.permits.clear()  # given back by the transaction that ends the run
             state.pending.clear()
@@ -192,6 +195,11 @@ def _run(state: RunState, fact: Fact) -> None:
         case PromiseCompleted():  # its one outcome, kept for the awaits (not a settle)
             state.resolved[fact.seq] = fact
             state.promises.pop(fact.seq, None)
+        case RunPaused():  # `rules.pause`: facts still come; no code runs till unpaused
+            state.paused, state.status = fact, Status.PAUSED
+        case RunUnpaused():
+            state.paused = None
+            state.status = Status.RUNNING if state.compensation is None else Status.COMPENSATING
         case _:
             raise UnknownFactError(type(fact).__name__)
 

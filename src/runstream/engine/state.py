@@ -21,6 +21,7 @@ from runstream.schemas.records import (
     PermitQueued,
     PermitRequested,
     PromiseCreated,
+    RunPaused,
     ScheduleSet,
     SeqFact,
     SignalAwaited,
@@ -102,6 +103,7 @@ class RunState:
     recoveries: int = 0
     retries: int = 0  # RunRetried facts: each reopens steps a suspended coroutine saw fail
     compensation: CompensationStarted | None = None  # while compensating
+    paused: RunPaused | None = None  # while paused (status PAUSED): who, why, since when
     output: bytes | None = None
     error: str | None = None
     reason: str | None = None

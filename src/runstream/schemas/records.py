@@ -32,6 +32,7 @@ class Status(StrEnum):
     CANCELLED = "cancelled"
     DEAD = "dead"
     REJECTED = "rejected"  # a StartRun was refused; a later valid one may still start it
+    PAUSED = "paused"  # an operator paused it: no workflow code runs until unpaused
 
 
 TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.DEAD})
@@ -55,6 +56,8 @@ class Kind(StrEnum):
     STEP_FAILED = "step.failed"
     STEP_HANDED_OVER = "step.handed_over"
     STEP_RESULT_IGNORED = "step.result_ignored"
+    RUN_PAUSED = "run.paused"
+    RUN_UNPAUSED = "run.unpaused"
 
 
 class Reason(StrEnum):
@@ -429,6 +432,24 @@ class Query(Record):
     wait: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Pause(Record):
+    run_id: str
+    reason: str = ""
+    _: KW_ONLY
+    by: str = ""  # who asked (an operator, a host): recorded on RunPaused
+    sent_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Unpause(Record):
+    run_id: str
+    reason: str = ""
+    _: KW_ONLY
+    by: str = ""
+    sent_at_ms: int = 0
+
+
 Command = (
     StartRun
     | Signal
@@ -446,6 +467,8 @@ Command = (
     | Release
     | Query
     | CompletePromise
+    | Pause
+    | Unpause
 )
 COMMANDS: tuple[type[Record], ...] = Command.__args__
 
@@ -795,6 +818,24 @@ class RunParked(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class RunPaused(Record):
+    run_id: str
+    at_ms: int
+    _: KW_ONLY
+    reason: str
+    by: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunUnpaused(Record):
+    run_id: str
+    at_ms: int
+    _: KW_ONLY
+    reason: str
+    by: str
+
+
+@dataclass(frozen=True, slots=True)
 class RunCompleted(Record):
     run_id: str
     at_ms: int
@@ -959,6 +1000,8 @@ Fact = (
     | RetriedAsNew
     | PromiseCreated
     | PromiseCompleted
+    | RunPaused
+    | RunUnpaused
 )
 FACTS: tuple[type[Record], ...] = Fact.__args__
 END_FACTS = {

@@ -15,7 +15,7 @@ turns that into a dead letter. No I/O, and workflow code runs only through `repl
 - `timers`: due times                 - `children`: child runs
 - `events`: named events              - `limits`: permits
 - `schedules`: schedules              - `retry`, `cancel`
-- `promises`: durable promises
+- `promises`: durable promises      - `pause`: pause, unpause
 - `core`: the loop they all end in (advance, follow, compensate, park, emit)
 
 Who may import it: `engine.decide` (and tests); it imports only from `engine` and
@@ -33,6 +33,7 @@ from runstream.engine.rules import (
     children,
     events,
     limits,
+    pause,
     promises,
     remote,
     retry,
@@ -59,6 +60,7 @@ from runstream.schemas.records import (
     DeliverEvent,
     Grant,
     Heartbeat,
+    Pause,
     PublishEvent,
     Query,
     Release,
@@ -68,6 +70,7 @@ from runstream.schemas.records import (
     StartRun,
     StepResult,
     Subscribe,
+    Unpause,
 )
 
 __all__ = ["HANDLERS", "Activation", "Entry", "Handler", "Rejected", "Rules"]
@@ -98,6 +101,8 @@ HANDLERS: dict[type[object], Entry] = {
     Grant: Entry(RunState, limits.grant),
     CompletePromise: Entry(RunState, promises.complete),
     Query: Entry(None, runs.query),  # any id: an entity's is a run not found
+    Pause: Entry(RunState, pause.pause),
+    Unpause: Entry(RunState, pause.unpause),
     # an entity's commands
     PublishEvent: Entry(EventEntityState, events.publish),
     Subscribe: Entry(EventEntityState, events.subscribe),

@@ -23,7 +23,7 @@ from runstream.engine.replay import (
     StepCall,
     replay,
 )
-from runstream.engine.rules import children, limits, runs, steps
+from runstream.engine.rules import children, limits, pause, runs, steps
 from runstream.engine.rules.context import Rules
 from runstream.engine.state import RunState, RunView, State, Status
 from runstream.engine.work import Batch
@@ -59,9 +59,12 @@ def advance(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int] = froze
     """Replay the workflow and record what it does next, until it waits or ends."""
     if isinstance(st.pending.get(RUN_PERMIT_SEQ), PermitRequested):
         return  # no code runs before the run's permit comes
+    if st.paused is not None:  # no code runs while paused, only the steps in flight
+        pause.relaunch(ctx, b, st, relaunch)
+        return
     while not st.terminal:
         if st.compensation is not None:
-            _relaunch_forward(ctx, b, st, relaunch)
+            relaunch_forward(ctx, b, st, relaunch)
             compensate(ctx, b, st, relaunch)
             return
         wf = ctx.registry.get(st.workflow, st.version)
@@ -206,7 +209,7 @@ def _follow(ctx: Rules, b: Batch, st: RunState, result: Replay, relaunch: frozen
     return False
 
 
-def _relaunch_forward(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int]) -> None:
+def relaunch_forward(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int]) -> None:
     """A forward step recovered while the run compensates (a cancel came between its
     process going away and the recovery): run it again, as the compensation waits for
     it. Its call (step and arguments) is where the workflow's replay blocks."""
