@@ -21,6 +21,7 @@ from runstream.cli import options
 from runstream.cli.audit_cmd import audit
 from runstream.cli.dlq_cmd import dlq
 from runstream.cli.kafka_cmd import kafka
+from runstream.cli.pause_cmd import pause, unpause
 from runstream.cli.promise_cmd import promise
 from runstream.cli.replay_cmd import replay_cmd
 from runstream.cli.runs_cmd import runs, versions
@@ -69,7 +70,8 @@ cli.add_command(audit)
 cli.add_command(kafka)
 cli.add_command(topics)
 cli.add_command(runs)
-for command in (retry, resume, cancel_where):  # defined beside runs_cmd: they act on runs
+# defined beside runs_cmd: they act on runs
+for command in (retry, resume, cancel_where, pause, unpause):
     runs.add_command(command)
 cli.add_command(versions)
 cli.add_command(replay_cmd)
