@@ -58,6 +58,7 @@ if TYPE_CHECKING:
         WorkflowNotFound,
     )
     from runstream.operations import CancelReport, JournalFact, RunPage, RunSummary
+    from runstream.pausing import PauseReport
     from runstream.settings import Settings
     from runstream.worker import Worker
 
@@ -106,6 +107,7 @@ _HOME = {
     "JournalFact": "runstream.operations",
     "RunPage": "runstream.operations",
     "RunSummary": "runstream.operations",
+    "PauseReport": "runstream.pausing",
     **dict.fromkeys(_ERRORS, "runstream.errors"),
 }
 
@@ -128,6 +130,7 @@ __all__ = [
     "KafkaSetupError",
     "KafkaUnavailable",
     "NonDeterminismError",
+    "PauseReport",
     "PayloadTooLarge",
     "Promise",
     "PromiseRejected",

@@ -31,6 +31,7 @@ def test_public_names_are_pinned():
         "KafkaSetupError",
         "KafkaUnavailable",
         "NonDeterminismError",
+        "PauseReport",
         "PayloadTooLarge",
         "Promise",
         "PromiseRejected",
