@@ -165,3 +165,23 @@ def test_runs_pause_and_unpause_by_id_and_where_with_the_runs_list(
         what="the dead letter",
     )
     assert dlq[0]["code"] == "unknown-run" and "pause of unknown run" in dlq[0]["reason"]
+
+
+def test_a_cancel_of_a_paused_run_cancels_it_and_a_pause_after_its_end_changes_nothing(
+    engine, kafka_bootstrap, ns
+):
+    client = engine.client
+    client.start("approval", run_id="c")
+    wait_for(lambda: "SignalAwaited" in _names(kafka_bootstrap, ns, "c"), what="the wait")
+    client.pause("c")
+    client.cancel("c", reason="not needed")
+    with pytest.raises(runstream.RunCancelled):
+        client.result("c", timeout=60)
+    client.pause("c")  # after its end: no fact, no dead letter
+    client.unpause("c")
+    # Its question goes after them on the run's partition: answered, they were decided.
+    assert client.get_run("c").status == "cancelled"
+    names = _names(kafka_bootstrap, ns, "c")
+    assert names == ["RunStarted", "SignalAwaited", "RunPaused", "RunCancelled"]
+    assert check_run(_facts(kafka_bootstrap, ns, "c")) == []
+    assert read_topic(kafka_bootstrap, f"{ns}.dlq", timeout=5) == []

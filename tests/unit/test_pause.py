@@ -10,6 +10,8 @@ from typing import Any
 from runstream.audit import check_run
 from runstream.engine import payload
 from runstream.engine.reducer import fold
+from runstream.engine.state import DEADLINE_SEQ
+from runstream.engine.work import TimerDue
 from runstream.engine.workflow import Registry, step_def, workflow_def
 from runstream.errors import TerminalStepError
 from runstream.schemas.records import (
@@ -275,6 +277,39 @@ def test_a_step_in_flight_when_the_owner_died_while_paused_runs_again_and_nothin
     core.advance(60)
     assert payload.loads(core.state("r").output) == [1, 4]
     _sound(core, "r")
+
+
+def test_a_compensating_run_paused_and_handed_over_finishes_its_step_then_waits_to_compensate():
+    core = _core()
+    core.auto_run_steps = False
+    core.start("r", "timed", 1)
+    core.now += 600_000  # timed out with its step in flight: the compensation waits for it
+    core.handle(TimerDue(0, "r", DEADLINE_SEQ))
+    assert core.state("r").status == "compensating"
+    _pause(core, "r")
+    core.hand_over("r")  # a graceful stop while paused: the next owner starts it again
+    core.recover("r")
+    assert [(j.seq, j.attempt) for j in core.queued] == [(1, 1)]
+    core.run_step(core.queued.pop())
+    assert core.state("r").status == "paused" and core.queued == []  # undo waits
+    core.auto_run_steps = True
+    _unpause(core, "r")
+    st = core.state("r")
+    assert st.status == "failed" and st.code == "timed-out"
+    assert ran == {"work": 1, "undo": 1}
+    _sound(core, "r")
+
+
+def test_an_oversized_or_undecodable_pause_is_a_dead_letter_and_the_partition_goes_on():
+    core = _core()
+    core.start("r", "chain", 1)
+    core.command(Pause("r", "x" * 2_000_000, by="ops"))
+    good = core.codec.encode(Pause("r", "ok"))
+    core.record(good[: len(good) // 2], b"r")  # a foreign producer's torn record
+    assert [d.code for d in core.dead] == [Reason.OVERSIZE, Reason.UNDECODABLE]
+    assert core.state("r").status == "running"
+    _pause(core, "r")
+    assert core.state("r").status == "paused"
 
 
 def test_the_audit_names_code_that_ran_while_the_run_was_paused():

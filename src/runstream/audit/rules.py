@@ -317,8 +317,8 @@ class RunCheck:
             case PermitReceived():
                 if self.permits.pop(fact.seq, None) is None:
                     self._bad(f"PermitReceived at seq {fact.seq} with no PermitRequested", pos)
-            case _ if type(fact) in END_FACTS:
-                self.status, self.terminal_at = END_FACTS[type(fact)], pos
+            case _ if type(fact) in END_FACTS:  # an end also ends a pause
+                self.status, self.terminal_at, self.paused = END_FACTS[type(fact)], pos, False
                 self._close()
 
     def _step_started(self, fact: StepStarted, pos: int) -> None:
@@ -460,6 +460,8 @@ class RunCheck:
         """Why an unfinished run may wait (None: it waits for nothing, it is stuck)."""
         if self.parked:
             return "parked"
+        if self.paused:  # an operator holds it still
+            return "paused"
         if self.starts == 0 and self.first == "RunRejected":
             return "rejected"
         kinds = {_WAITS[kind] for kind, _, _ in self.open.values()}

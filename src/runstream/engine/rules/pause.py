@@ -47,9 +47,8 @@ def relaunch(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int]) -> No
     (`steps.recover`) start again, and nothing else does."""
     if not relaunch:
         return
-    if st.compensation is None:
-        core.relaunch_forward(ctx, b, st, relaunch)
-    elif any(s < 0 for s in relaunch):  # the compensation step that was running
+    core.relaunch_forward(ctx, b, st, relaunch)  # a forward step (compensating or not)
+    if st.compensation is not None and any(s < 0 for s in relaunch):  # a compensation step
         core.compensate(ctx, b, st, relaunch)
 
 
