@@ -153,6 +153,8 @@ def test_pause_and_unpause_are_facts_on_the_lifecycle_stream_and_duplicates_chan
     core = _core()
     core.start("r", "chain", 1)
     _pause(core, "r")
+    info = core.query("r")  # a query answers while paused, with who and why
+    assert (info.status, info.reason) == ("paused", "paused by ops: investigating")
     _pause(core, "r", "again")
     _unpause(core, "r")
     _unpause(core, "r")
