@@ -62,6 +62,7 @@ if TYPE_CHECKING:
         WorkflowNotFound,
     )
     from runstream.operations import CancelReport, JournalFact, RunEvent, RunPage, RunSummary
+    from runstream.pausing import PauseReport
     from runstream.settings import Settings
     from runstream.worker import Worker
 
@@ -115,6 +116,7 @@ _HOME = {
     "RunPage": "runstream.operations",
     "RunSummary": "runstream.operations",
     "RunEvent": "runstream.operations",
+    "PauseReport": "runstream.pausing",
     **dict.fromkeys(_ERRORS, "runstream.errors"),
 }
 
@@ -140,6 +142,7 @@ __all__ = [
     "KafkaUnavailable",
     "NonDeterminismError",
     "OwnerUnavailable",
+    "PauseReport",
     "PayloadTooLarge",
     "Promise",
     "PromiseRejected",

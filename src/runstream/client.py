@@ -51,6 +51,7 @@ from runstream.operations import (
     time_ms,
     where_of,
 )
+from runstream.pausing import PauseReport, bulk, who
 from runstream.projections.runs import RunQuery
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
@@ -59,6 +60,7 @@ from runstream.schemas.records import (
     Command,
     CompletePromise,
     LiveQuery,
+    Pause,
     PublishEvent,
     Query,
     QueryAnswer,
@@ -67,6 +69,7 @@ from runstream.schemas.records import (
     Signal,
     StartRun,
     Status,
+    Unpause,
     continuation_of,
     correlation_id,
     promise_of,
@@ -387,6 +390,17 @@ class Client:
         self._send(Retry(run_id, reason, input=payload.dumps(input), sent_at_ms=_now_ms()))
         return continuation_of(run_id)
 
+    def pause(self, run_id: str, *, reason: str = "", by: str = "", wait: bool = True) -> None:
+        """Pause a run: no workflow code of it runs until `unpause` (its steps in flight
+        finish; what comes meanwhile is recorded and reaches the code then). A cancel
+        and its execution timeout still end it. A pause of a paused or ended run changes
+        nothing; ``by`` (default ``user@host``) and ``reason`` go into its history."""
+        self._send(Pause(run_id, reason, by=by or who(), sent_at_ms=_now_ms()), wait)
+
+    def unpause(self, run_id: str, *, reason: str = "", by: str = "", wait: bool = True) -> None:
+        """Let a paused run go on; a run that is not paused stays as it is."""
+        self._send(Unpause(run_id, reason, by=by or who(), sent_at_ms=_now_ms()), wait)
+
     # -- questions -------------------------------------------------------------------
     def get_run(self, run_id: str, timeout: float = 10.0) -> RunInfo:
         """Ask the run's owner; raises RunNotFound if no such run exists."""
@@ -668,6 +682,54 @@ class Client:
             dry_run=dry_run,
             base=cache_dir,
             progress=None,
+        )
+
+    def pause_where(
+        self,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        version: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        reason: str = "",
+        dry_run: bool = False,
+        cache_dir: Path | None = None,
+    ) -> PauseReport:
+        """Pause every open, unpaused run that matches the conditions (at least one), as
+        selected from the runs read model (as `runstream runs pause --where`); ``dry_run``
+        only says which. Calling it again pauses the ones that matched since."""
+        return self._pause_where(
+            where_of(status, workflow, version, tags or {}), False, reason, dry_run, cache_dir
+        )
+
+    def unpause_where(
+        self,
+        *,
+        workflow: str | None = None,
+        version: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        reason: str = "",
+        dry_run: bool = False,
+        cache_dir: Path | None = None,
+    ) -> PauseReport:
+        """Unpause every paused run that matches the conditions (none: every paused run)."""
+        where = where_of(Status.PAUSED.value, workflow, version, tags or {})
+        return self._pause_where(where, True, reason, dry_run, cache_dir)
+
+    def _pause_where(
+        self, where: dict[str, str], unpause: bool, reason: str, dry_run: bool, base: Path | None
+    ) -> PauseReport:
+        what = "unpause_where" if unpause else "pause_where"
+        return bulk(
+            self.namespace,
+            self.settings,
+            lambda: self,
+            where,
+            unpause=unpause,
+            reason=reason or f"{what} {where}",
+            by=who(),
+            dry_run=dry_run,
+            base=base,
         )
 
 

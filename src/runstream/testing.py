@@ -61,6 +61,7 @@ from runstream.schemas.records import (
     DeadLetter,
     Fact,
     LiveQuery,
+    Pause,
     PromiseCreated,
     PublishEvent,
     QueryAnswer,
@@ -71,6 +72,7 @@ from runstream.schemas.records import (
     StartRun,
     StepResult,
     StepTask,
+    Unpause,
     correlation_id,
     promise_of,
     schedule_id,
@@ -356,6 +358,16 @@ class WorkflowTester:
         """Cancel a run (see `Client.cancel`). Raises RunNotFound."""
         self._send(Cancel(run_id, compensate, reason=reason))
 
+    def pause(self, run_id: str, reason: str = "") -> None:
+        """Pause a run (see `Client.pause`): no workflow code of it runs until `unpause`;
+        signals, events, promise completions and timers due meanwhile are recorded and
+        reach its code then. Raises RunNotFound."""
+        self._send(Pause(run_id, reason, by="WorkflowTester"))
+
+    def unpause(self, run_id: str, reason: str = "") -> None:
+        """Let a paused run go on from what was recorded while it was paused."""
+        self._send(Unpause(run_id, reason, by="WorkflowTester"))
+
     def advance(self, duration: Duration) -> None:
         """Let ``duration`` of fake time pass (seconds, "10m", "1d", a timedelta): the
         sleeps, step retries and signal timeouts due meanwhile fire at their due times,
@@ -417,7 +429,8 @@ class WorkflowTester:
             self._codec.encode(fact)  # what cannot be journaled fails here, as in the engine
         for run_id, w in b.runs.items():
             self._states[run_id] = w.after
-            self._timers.update(PARTITION, run_id, w.before.timers(), w.after.timers())
+            if w.after.facts != w.before.facts:  # as the engine: a timer that did nothing
+                self._timers.update(PARTITION, run_id, w.before.timers(), w.after.timers())
         for fact in fx.facts:  # as the engine tells them, once committed
             st = self._states.get(fact.run_id)
             if type(fact) in END_FACTS and isinstance(st, RunState):

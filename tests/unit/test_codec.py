@@ -76,7 +76,7 @@ def codec() -> Codec:
 
 
 def test_every_shipped_file_is_a_documented_runstream_record() -> None:
-    assert len(SHIPPED) == 67
+    assert len(SHIPPED) == 71
     for filename, schema in ALL_FILES.items():
         assert filename.startswith(f"runstream.{schema['name']}.")
         assert schema["namespace"] == "runstream"
@@ -302,6 +302,10 @@ FIELDS = {
     ],
     "QueryAnswer": ["request_id", "run_id", "found", "value", "error"],
     "Event": ["name", "payload", "event_id"],
+    "Pause": ["run_id", "reason", "by", "sent_at_ms"],
+    "Unpause": ["run_id", "reason", "by", "sent_at_ms"],
+    "RunPaused": [*_FACT, "reason", "by"],
+    "RunUnpaused": [*_FACT, "reason", "by"],
 }
 
 

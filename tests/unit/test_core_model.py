@@ -58,6 +58,7 @@ from runstream.schemas.records import (
     EventSubscribed,
     Heartbeat,
     LiveQuery,
+    Pause,
     PermitRequested,
     PromiseCompleted,
     PromiseCreated,
@@ -69,6 +70,7 @@ from runstream.schemas.records import (
     Signal,
     StartRun,
     StepCompleted,
+    Unpause,
     correlation_id,
     promise_id,
 )
@@ -551,6 +553,13 @@ class CoreModel(RuleBasedStateMachine):
         target = self._pick(self._known(), i)
         self.shell.send(Retry(target, "by the model", retry_id=f"t{self.retries}"))
 
+    @precondition(lambda self: self.started and "pause" not in EXCLUDE)
+    @rule(i=INDEX, unpause=hs.booleans())
+    def pause(self, i: int, unpause: bool) -> None:
+        """An operator pauses a run, or unpauses it (either may be a duplicate)."""
+        target = self._pick(self._known(), i)
+        self.shell.send(Unpause(target, "by the model") if unpause else Pause(target, "model"))
+
     @precondition(lambda self: self.started)
     @rule(i=INDEX, reject=hs.booleans(), again=hs.booleans(), anyone=hs.booleans())
     def complete_promise(self, i: int, reject: bool, again: bool, anyone: bool) -> None:
@@ -759,6 +768,9 @@ class CoreModel(RuleBasedStateMachine):
             elif (due := shell.next_due()) is not None:
                 shell.now = max(shell.now, due)
                 shell.fire_due()
+            elif paused := [r for r in shell.runs() if shell.run_state(r).paused is not None]:
+                for run_id in paused:  # time passed while they were paused: let them go
+                    shell.send(Unpause(run_id, "the model is done"))
             else:
                 break
         else:

@@ -29,7 +29,7 @@ from runstream.interceptors import (
     outgoing_headers,
 )
 from runstream.runtime.steps import execute
-from runstream.schemas.records import StartRun
+from runstream.schemas.records import Pause, StartRun, Unpause
 
 from .corehelp import Core
 
@@ -394,3 +394,20 @@ def test_an_inbound_link_that_raises_around_an_activation_changes_nothing(when: 
     assert core.names("r") == ["RunStarted", "StepStarted"]  # the code ran, once
     core.answer(core.tasks[0], 7)
     assert core.state("r").status == "completed" and not core.dead
+
+
+def test_a_step_that_settles_while_its_run_is_paused_is_live_to_the_code_at_unpause() -> None:
+    """The code first sees the step's result after the unpause: not a replay, so a tracing
+    interceptor emits its span then (and once)."""
+    log: list[tuple[str, str, bool]] = []
+    core = Core(registry(Recorder("a", log)))
+    core.auto_run_steps = False
+    start(core, "r", "saga", 3)
+    core.command(Pause("r", "hold"))
+    core.run_step(core.queued.pop(0))  # double settles while paused: no code runs
+    assert not [what for _, what, _ in log if what == "stepped double r"]
+    core.decider.forget(["r"])  # a cache miss: the unpause replays from the start
+    core.command(Unpause("r"))
+    core.advance(5)  # and once more, from the cached coroutine
+    stepped = [r for _, what, r in log if what == "stepped double r"]
+    assert stepped == [False]

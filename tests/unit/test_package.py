@@ -34,6 +34,7 @@ def test_public_names_are_pinned():
         "KafkaUnavailable",
         "NonDeterminismError",
         "OwnerUnavailable",
+        "PauseReport",
         "PayloadTooLarge",
         "Promise",
         "PromiseRejected",

@@ -43,6 +43,7 @@ from runstream.schemas.records import (
     ENTITY_PREFIX,
     ChildEnded,
     ChildStarted,
+    CompensationStarted,
     EventAwaited,
     EventReceived,
     EventTimedOut,
@@ -57,10 +58,12 @@ from runstream.schemas.records import (
     RetriedAsNew,
     RunEventSet,
     RunParked,
+    RunPaused,
     RunRecovered,
     RunRejected,
     RunRetried,
     RunStarted,
+    RunUnpaused,
     SignalAwaited,
     SignalBuffered,
     SignalReceived,
@@ -167,6 +170,7 @@ class RunCheck:
         "open",
         "parked",
         "partition",
+        "paused",
         "permits",
         "problems",
         "promises",
@@ -191,6 +195,7 @@ class RunCheck:
         self.terminal_at = -1
         self.after_end: list[tuple[str, int]] = []
         self.parked = False
+        self.paused = False  # between RunPaused and RunUnpaused (or a cancel's compensation)
         self.dead_lettered = False
         self.problems: list[tuple[str, tuple[int, ...]]] = []
         # seq -> (kind of open fact, its attempt, its position): what the run waits for
@@ -241,6 +246,8 @@ class RunCheck:
             return
         if self.parked and not isinstance(fact, RunParked | SignalBuffered | PromiseCompleted):
             self.parked = False
+        if self.paused and seq is not None and seq not in self.seqs:  # its code ran
+            self._bad(f"{name} seq {seq} is a new operation while the run is paused", pos)
         if seq is not None:
             self.seqs.add(seq)
         match fact:
@@ -305,6 +312,8 @@ class RunCheck:
                     self._bad("RunRejected after the run started", pos)
             case RunParked():
                 self.parked = True
+            case RunPaused() | RunUnpaused() | CompensationStarted():
+                self.paused = isinstance(fact, RunPaused)
             case PermitRequested():
                 if fact.seq in self.permits:
                     self._bad(f"a second PermitRequested at seq {fact.seq}", pos)
@@ -312,8 +321,8 @@ class RunCheck:
             case PermitReceived():
                 if self.permits.pop(fact.seq, None) is None:
                     self._bad(f"PermitReceived at seq {fact.seq} with no PermitRequested", pos)
-            case _ if type(fact) in END_FACTS:
-                self.status, self.terminal_at = END_FACTS[type(fact)], pos
+            case _ if type(fact) in END_FACTS:  # an end also ends a pause
+                self.status, self.terminal_at, self.paused = END_FACTS[type(fact)], pos, False
                 self._close()
 
     def _step_started(self, fact: StepStarted, pos: int) -> None:
@@ -455,6 +464,8 @@ class RunCheck:
         """Why an unfinished run may wait (None: it waits for nothing, it is stuck)."""
         if self.parked:
             return "parked"
+        if self.paused:  # an operator holds it still
+            return "paused"
         if self.starts == 0 and self.first == "RunRejected":
             return "rejected"
         kinds = {_WAITS[kind] for kind, _, _ in self.open.values()}

@@ -36,6 +36,8 @@ LAZY: dict[str, tuple[str, str, tuple[str, ...]]] = {
             "runs_ops:resume",
             "runs_ops:cancel_where",
             "queries_cmd:event",
+            "pause_cmd:pause",
+            "pause_cmd:unpause",
             "queries_cmd:query",
         ),
     ),

@@ -106,7 +106,7 @@ def cancel_where(
 ) -> None:
     """Cancel every run matching --where, as a job that survives being killed: run the
     same command again and it goes on where it stopped."""
-    conditions = _where(where)
+    conditions = parse_where(where)
     say = _Say(as_json)
     with ExitStack() as stack, _bar(as_json) as bar:
         task: Any = None
@@ -152,7 +152,7 @@ def cancel_where(
         raise SystemExit(1)
 
 
-def _where(text: str) -> dict[str, str]:
+def parse_where(text: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = part.partition("=")

@@ -21,9 +21,11 @@ from runstream.schemas.records import (
     RunEventSet,
     RunFailed,
     RunParked,
+    RunPaused,
     RunRejected,
     RunRetried,
     RunStarted,
+    RunUnpaused,
     SignalAwaited,
     StepCompleted,
     StepFailed,
@@ -116,4 +118,8 @@ def event(fact: Fact, state: RunState) -> LifecycleEvent | None:
         case RunRetried(seqs=seqs, reason=reason):
             again = f"; steps {seqs} run again" if seqs else ""
             return ev(Kind.RUN_RETRIED, reason=f"{reason}{again}")
+        case RunPaused(reason=reason, by=by) | RunUnpaused(reason=reason, by=by):
+            kind = Kind.RUN_PAUSED if isinstance(fact, RunPaused) else Kind.RUN_UNPAUSED
+            who = f" by {by}" if by else ""
+            return ev(kind, reason=f"{kind.value.removeprefix('run.')}{who}: {reason}")
     return None

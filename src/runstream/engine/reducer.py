@@ -51,10 +51,12 @@ from runstream.schemas.records import (
     RunEventSet,
     RunFailed,
     RunParked,
+    RunPaused,
     RunRecovered,
     RunRejected,
     RunRetried,
     RunStarted,
+    RunUnpaused,
     ScheduleChanged,
     ScheduleFired,
     ScheduleSet,
@@ -165,15 +167,17 @@ def _run(state: RunState, fact: Fact) -> None:
             crashed = state.pending.get(fact.seq)
             if isinstance(crashed, StepStarted):  # its recovery starts the next attempt
                 state.recovery_starts.add((fact.seq, crashed.attempt + 1))
-        case CompensationStarted():
-            state.compensation, state.status = fact, Status.COMPENSATING
+        case CompensationStarted():  # a cancel or a timeout ends a pause
+            state.compensation, state.status, state.paused = fact, Status.COMPENSATING, None
         case RunParked():
             state.status, state.reason = Status.PARKED, fact.reason
         case RunCompleted() | RunFailed() | RunCancelled() | RunDead():
             state.status, state.ended_at_ms = END_FACTS[type(fact)], fact.at_ms
+            state.paused = None
             state.beats.clear()
             state.permits.clear()  # given back by the transaction that ends the run
             state.pending.clear()
+            state.settled_paused.clear()  # an end clears the pause
             if isinstance(fact, RunCompleted):
                 state.output, state.continued_as = fact.output, fact.continued_as
             elif isinstance(fact, RunFailed):
@@ -199,6 +203,11 @@ def _run(state: RunState, fact: Fact) -> None:
             state.promises.pop(fact.seq, None)
         case RunEventSet():  # settled: a replay does not set it again
             _settle(state, fact)
+        case RunPaused():  # `rules.pause`: facts still come; no code runs till unpaused
+            state.paused, state.status = fact, Status.PAUSED
+        case RunUnpaused():  # the unpause's batch still reads them from its state before
+            state.paused, state.settled_paused = None, set()
+            state.status = Status.RUNNING if state.compensation is None else Status.COMPENSATING
         case _:
             raise UnknownFactError(type(fact).__name__)
 
@@ -279,6 +288,8 @@ def _settle(
     state.pending.pop(fact.seq, None)
     state.beats.pop(fact.seq, None)
     state.resolved[fact.seq] = fact
+    if state.paused is not None:
+        state.settled_paused.add(fact.seq)
 
 
 def _reopen(state: RunState, fact: RunRetried) -> None:

@@ -21,6 +21,7 @@ from runstream.schemas.records import (
     PermitQueued,
     PermitRequested,
     PromiseCreated,
+    RunPaused,
     ScheduleSet,
     SeqFact,
     SignalAwaited,
@@ -104,6 +105,9 @@ class RunState:
     recovery_starts: set[tuple[int, int]] = field(default_factory=set)
     retries: int = 0  # RunRetried facts: each reopens steps a suspended coroutine saw fail
     compensation: CompensationStarted | None = None  # while compensating
+    paused: RunPaused | None = None  # while paused (status PAUSED): who, why, since when
+    # seqs settled while paused: the code first sees them at the unpause (is_replaying)
+    settled_paused: set[int] = field(default_factory=set)
     output: bytes | None = None
     error: str | None = None
     reason: str | None = None
@@ -137,6 +141,7 @@ class RunState:
             signal_ids=set(self.signal_ids),
             retry_ids=set(self.retry_ids),
             recovery_starts=set(self.recovery_starts),
+            settled_paused=set(self.settled_paused),
             beats=dict(self.beats),
             permits=dict(self.permits),
             promises=dict(self.promises),
@@ -374,6 +379,8 @@ class RunView(Protocol):
     def code(self) -> str | None: ...
     @property
     def continued_as(self) -> str | None: ...
+    @property
+    def paused(self) -> RunPaused | None: ...
     @property
     def steps(self) -> int: ...
     @property

@@ -32,6 +32,7 @@ class Status(StrEnum):
     CANCELLED = "cancelled"
     DEAD = "dead"
     REJECTED = "rejected"  # a StartRun was refused; a later valid one may still start it
+    PAUSED = "paused"  # an operator paused it: no workflow code runs until unpaused
 
 
 TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.DEAD})
@@ -56,6 +57,8 @@ class Kind(StrEnum):
     STEP_HANDED_OVER = "step.handed_over"
     STEP_RESULT_IGNORED = "step.result_ignored"
     RUN_EVENT_SET = "run.event_set"  # ctx.set_event: ``key`` and the value in ``output``
+    RUN_PAUSED = "run.paused"
+    RUN_UNPAUSED = "run.unpaused"
 
 
 class Reason(StrEnum):
@@ -445,6 +448,24 @@ class LiveQuery(Record):
     sent_at_ms: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Pause(Record):
+    run_id: str
+    reason: str = ""
+    _: KW_ONLY
+    by: str = ""  # who asked (an operator, a host): recorded on RunPaused
+    sent_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Unpause(Record):
+    run_id: str
+    reason: str = ""
+    _: KW_ONLY
+    by: str = ""
+    sent_at_ms: int = 0
+
+
 Command = (
     StartRun
     | Signal
@@ -463,6 +484,8 @@ Command = (
     | Query
     | CompletePromise
     | LiveQuery
+    | Pause
+    | Unpause
 )
 COMMANDS: tuple[type[Record], ...] = Command.__args__
 
@@ -823,6 +846,24 @@ class RunParked(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class RunPaused(Record):
+    run_id: str
+    at_ms: int
+    _: KW_ONLY
+    reason: str
+    by: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunUnpaused(Record):
+    run_id: str
+    at_ms: int
+    _: KW_ONLY
+    reason: str
+    by: str
+
+
+@dataclass(frozen=True, slots=True)
 class RunCompleted(Record):
     run_id: str
     at_ms: int
@@ -988,6 +1029,8 @@ Fact = (
     | PromiseCreated
     | PromiseCompleted
     | RunEventSet
+    | RunPaused
+    | RunUnpaused
 )
 FACTS: tuple[type[Record], ...] = Fact.__args__
 END_FACTS = {

@@ -14,6 +14,7 @@ from runstream.schemas.records import (
     LIMIT_PREFIX,
     ChildEnded,
     ChildStarted,
+    CompensationStarted,
     EventAwaited,
     EventReceived,
     EventTimedOut,
@@ -26,8 +27,10 @@ from runstream.schemas.records import (
     RunDead,
     RunFailed,
     RunParked,
+    RunPaused,
     RunRetried,
     RunStarted,
+    RunUnpaused,
     SignalAwaited,
     SignalReceived,
     SignalTimedOut,
@@ -99,6 +102,7 @@ class Story:
     children: list[str] = field(default_factory=list)
     next_runs: list[str] = field(default_factory=list)  # continued or retried as
     parked: str | None = None
+    paused: str | None = None  # by whom and why, while paused
     ended_ms: int | None = None
     first_ms: int = 0
     last_ms: int = 0
@@ -181,6 +185,10 @@ def story(facts: list[Record]) -> Story:
                 _close(opened, ("permit", fact.seq), at, outcome, fact.reason)
             case RunParked():
                 s.parked = fact.reason
+            case RunPaused():
+                s.paused = f"by {fact.by or 'someone'}: {fact.reason}"
+            case RunUnpaused() | CompensationStarted():  # a cancel ends a pause
+                s.paused = None
             case RunRetried():
                 s.ended_ms, s.parked = None, None
             case RetriedAsNew():

@@ -16,6 +16,7 @@ turns that into a dead letter. No I/O, and workflow code runs only through `repl
 - `events`: named events              - `limits`: permits
 - `schedules`: schedules              - `retry`, `cancel`
 - `promises`: durable promises      - `queries`: live queries
+- `pause`: pause, unpause
 - `core`: the loop they all end in (advance, follow, compensate, park, emit)
 
 Who may import it: `engine.decide` (and tests); it imports only from `engine` and
@@ -33,6 +34,7 @@ from runstream.engine.rules import (
     children,
     events,
     limits,
+    pause,
     promises,
     queries,
     remote,
@@ -61,6 +63,7 @@ from runstream.schemas.records import (
     Grant,
     Heartbeat,
     LiveQuery,
+    Pause,
     PublishEvent,
     Query,
     Release,
@@ -70,6 +73,7 @@ from runstream.schemas.records import (
     StartRun,
     StepResult,
     Subscribe,
+    Unpause,
 )
 
 __all__ = ["HANDLERS", "Activation", "Entry", "Handler", "Rejected", "Rules"]
@@ -101,6 +105,8 @@ HANDLERS: dict[type[object], Entry] = {
     CompletePromise: Entry(RunState, promises.complete),
     Query: Entry(None, runs.query),  # any id: an entity's is a run not found
     LiveQuery: Entry(None, queries.live_query),  # likewise
+    Pause: Entry(RunState, pause.pause),
+    Unpause: Entry(RunState, pause.unpause),
     # an entity's commands
     PublishEvent: Entry(EventEntityState, events.publish),
     Subscribe: Entry(EventEntityState, events.subscribe),

@@ -23,7 +23,7 @@ from runstream.engine.replay import (
     StepCall,
     replay,
 )
-from runstream.engine.rules import children, limits, runs, steps
+from runstream.engine.rules import children, limits, pause, runs, steps
 from runstream.engine.rules.context import Rules
 from runstream.engine.state import RunState, RunView, State, Status
 from runstream.engine.work import Batch
@@ -59,9 +59,12 @@ def advance(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int] = froze
     """Replay the workflow and record what it does next, until it waits or ends."""
     if isinstance(st.pending.get(RUN_PERMIT_SEQ), PermitRequested):
         return  # no code runs before the run's permit comes
+    if st.paused is not None:  # no code runs while paused, only the steps in flight
+        pause.relaunch(ctx, b, st, relaunch)
+        return
     while not st.terminal:
         if st.compensation is not None:
-            _relaunch_forward(ctx, b, st, relaunch)
+            relaunch_forward(ctx, b, st, relaunch)
             compensate(ctx, b, st, relaunch)
             return
         wf = ctx.registry.get(st.workflow, st.version)
@@ -105,11 +108,12 @@ def _history_full(ctx: Rules, b: Batch, st: RunState) -> bool:
 
 
 def _replay(ctx: Rules, b: Batch, wf: WorkflowDef, st: RunState) -> Replay:
-    # What was settled before this batch, and still is (a retry reopens failed steps), is
-    # a replay to the interceptors (is_replaying).
+    # What was settled before this batch and still is (a retry reopens failed steps), and
+    # not while paused (the code sees that first now), is a replay to the interceptors.
     before = b.runs[st.run_id].before if st.run_id in b.runs else st
     old = before.resolved if isinstance(before, RunState) else {}
-    settled = max((s for s in old if s in st.resolved), default=0)
+    unseen = before.settled_paused if isinstance(before, RunState) else set()
+    settled = max((s for s in old if s in st.resolved and s not in unseen), default=0)
     return ctx.replayer.replay(wf, st, b.now, ctx.activation(st.run_id), settled)
 
 
@@ -211,7 +215,7 @@ def _follow(ctx: Rules, b: Batch, st: RunState, result: Replay, relaunch: frozen
     return False
 
 
-def _relaunch_forward(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int]) -> None:
+def relaunch_forward(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int]) -> None:
     """A forward step recovered while the run compensates (a cancel came between its
     process going away and the recovery): run it again, as the compensation waits for
     it. Its call (step and arguments) is where the workflow's replay blocks."""

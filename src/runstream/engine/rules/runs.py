@@ -163,7 +163,7 @@ def run_info(ctx: Rules, st: RunView, request_id: str) -> RunInfo:
         input=st.input if st.exists else None,
         output=st.output,
         error=st.error,
-        reason=st.reason,
+        reason=st.reason if st.paused is None else f"paused by {st.paused.by}: {st.paused.reason}",
         started_at_ms=st.started_at_ms if st.exists else None,
         ended_at_ms=st.ended_at_ms,
         steps=st.steps,
