@@ -31,6 +31,9 @@ class Limits:
     history_events_max: int = 50_000
     history_bytes_warn: int = 10 * 1024 * 1024
     history_bytes_max: int = 50 * 1024 * 1024
+    # Validated updates of one run: open at once, and in one history (`rules.updates`).
+    updates_in_flight: int = 10
+    updates_per_history: int = 2000
 
     def __post_init__(self) -> None:
         if self.max_record <= 2 * ENVELOPE:

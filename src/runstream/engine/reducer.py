@@ -67,6 +67,8 @@ from runstream.schemas.records import (
     StepStarted,
     TimerFired,
     TimerScheduled,
+    UpdateAccepted,
+    UpdateCompleted,
     ValueRecorded,
 )
 
@@ -192,6 +194,10 @@ def _run(state: RunState, fact: Fact) -> None:
         case PromiseCompleted():  # its one outcome, kept for the awaits (not a settle)
             state.resolved[fact.seq] = fact
             state.promises.pop(fact.seq, None)
+        case UpdateAccepted():
+            state.updates[fact.update_id] = fact
+        case UpdateCompleted():
+            state.update_results[fact.update_id] = fact
         case _:
             raise UnknownFactError(type(fact).__name__)
 

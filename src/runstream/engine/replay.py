@@ -20,7 +20,7 @@ import random as _random
 import traceback
 import uuid as _uuid
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Generator, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -39,6 +39,8 @@ from runstream.errors import (
     StepError,
 )
 from runstream.schemas.records import (
+    UPDATE_SEQ_BASE,
+    UPDATE_SEQ_SPAN,
     ChildEnded,
     ChildStarted,
     EventAwaited,
@@ -58,8 +60,10 @@ from runstream.schemas.records import (
     StepStarted,
     TimerFired,
     TimerScheduled,
+    UpdateAccepted,
     ValueRecorded,
     promise_id,
+    update_seq,
 )
 
 
@@ -175,6 +179,30 @@ class Replay:
     outcome: Outcome
     new_facts: list[Recorded] = field(default_factory=list)  # ctx.now/uuid/random/promise
     compensations: list[Compensation] = field(default_factory=list)
+    # The update handlers still open in the history, and how far each got (`rules.updates`).
+    updates: list[tuple[UpdateAccepted, Outcome]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateHandler:
+    """An update handler the workflow registered (`Context.update_handler`)."""
+
+    name: str
+    fn: Callable[[Any], Awaitable[Any]]
+    validator: Callable[[Any], Any] | None
+
+
+class _HandlerRun:
+    """An accepted update's handler coroutine: its operations take seqs of their own
+    (`update_seq`), so it never shifts the workflow's."""
+
+    __slots__ = ("accepted", "coro", "n", "outcome")
+
+    def __init__(self, accepted: UpdateAccepted) -> None:
+        self.accepted = accepted
+        self.coro: Coroutine[Any, Any, Any] | None = None
+        self.n = 0  # operations taken
+        self.outcome: Outcome | None = None
 
 
 class Overrun(BaseException):
@@ -272,6 +300,10 @@ class Context:
         self._seq = 0
         self._new: list[Recorded] = []
         self._compensations: list[Compensation] = []
+        self._update_handlers: dict[str, UpdateHandler] = {}
+        self._handler_runs: dict[str, _HandlerRun] = {}  # by update id, started
+        self._current: _HandlerRun | None = None  # the handler running now (its seqs)
+        self._validating = False
 
     # -- durable operations ------------------------------------------------------
     async def step(
@@ -450,10 +482,128 @@ class Context:
         """End this run and start ``<run_id>~N`` with ``input`` and a fresh history."""
         raise _Abort(ContinuedAsNew(input))
 
+    def update_handler(
+        self,
+        name: str,
+        fn: Callable[[Any], Awaitable[Any]] | None = None,
+        *,
+        validator: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        """Handle updates ``name`` (`Client.update`) with ``fn(arg)``, an ``async def``
+        that may await steps, sleeps and waits like workflow code and whose return value
+        is the update's result. ``validator(arg)``, a plain function, runs first on the
+        run's current state inside the engine's decision: if it raises, the update is
+        rejected with its error and leaves no trace in the history. Used as a decorator
+        without ``fn``. Register handlers before the workflow's first durable call, so a
+        run can take updates as soon as it starts (update-with-start)."""
+
+        def register(f: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
+            self._update_handlers[name] = UpdateHandler(name, f, validator)
+            return f
+
+        return register if fn is None else register(fn)
+
     # -- internals ---------------------------------------------------------------
     def _next(self) -> int:
+        if self._validating:
+            raise RuntimeError(
+                "an update validator may not call durable operations (ctx.step, ctx.now, "
+                "...): it only reads the workflow's state; do the work in the handler"
+            )
+        h = self._current
+        if h is not None:  # an update handler's operation: a seq of its own
+            h.n += 1
+            if h.n >= UPDATE_SEQ_SPAN:
+                raise RuntimeError(f"an update handler may do {UPDATE_SEQ_SPAN - 1} operations")
+            return update_seq(h.accepted.index, h.n)
         self._seq += 1
+        if self._state.updates:
+            self._start_handlers()
         return self._seq
+
+    # -- update handlers (rules.updates) ---------------------------------------------
+    def _start_handlers(self) -> None:
+        """Start the handlers of the updates accepted at or before the workflow's seq now.
+        An update is accepted while the workflow waits at its seq ``anchor``; a replay
+        starts its handler once the code calls that seq again, before it sees the seq's
+        outcome: what the handler changes before its first await, the workflow's code
+        sees at the same point every time."""
+        for uid, accepted in self._state.updates.items():
+            if accepted.anchor > self._seq or uid in self._handler_runs:
+                continue
+            h = self._handler_runs[uid] = _HandlerRun(accepted)
+            handler = self._update_handlers.get(accepted.name)
+            if handler is None:
+                err = NonDeterminismError(
+                    self.run_id, accepted.anchor, f"update {accepted.name}", "no such handler"
+                )
+                raise _Abort(NonDeterministic(err))
+            self._drive(h, handler.fn, accepted.arg)
+
+    def _resume_handlers(self) -> None:
+        """Resume the handlers that wait, after the workflow's code suspended or ended."""
+        for h in list(self._handler_runs.values()):
+            if isinstance(h.outcome, Blocked):
+                self._drive(h)
+
+    def _drive(
+        self, h: _HandlerRun, fn: Callable[[Any], Any] | None = None, arg: bytes = b"null"
+    ) -> None:
+        """Run handler ``h`` (started as ``fn(arg)``) until it waits or ends: its outcome."""
+        prev, self._current = self._current, h
+        try:
+            if fn is not None:
+                coro = fn(payload.loads(arg))
+                if not isinstance(coro, Coroutine):  # a plain function: its value
+                    h.outcome = Completed(coro)
+                    return
+                h.coro = coro
+            if h.coro is None:
+                return
+            yielded = h.coro.send(None)
+        except StopIteration as stop:
+            h.coro, h.outcome = None, Completed(stop.value)
+        except _Abort as abort:
+            h.coro = None
+            if isinstance(abort.outcome, NonDeterministic):
+                raise
+            h.outcome = Failed("RuntimeError: an update handler may not continue as new", "")
+        except Overrun:
+            raise
+        except BaseException as exc:  # user code, as in `_Live._step`
+            h.coro = None
+            h.outcome = Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        else:
+            if isinstance(yielded, _Suspend):
+                h.outcome = Blocked(yielded.request)
+            else:
+                _close(h.coro)
+                h.coro = None
+                h.outcome = Failed("TypeError: an update handler may only await Runstream "
+                                   f"operations, not {yielded!r}", "")  # fmt: skip
+        finally:
+            self._current = prev
+
+    def _open_updates(self) -> list[tuple[UpdateAccepted, Outcome]]:
+        """The handlers whose update has no outcome in the history yet, and theirs now."""
+        done = self._state.update_results
+        return [
+            (h.accepted, h.outcome)
+            for uid, h in self._handler_runs.items()
+            if h.outcome is not None and uid not in done
+        ]
+
+    def _validate(self, handler: UpdateHandler, arg: Any) -> None:
+        """Run ``handler``'s validator on the workflow's state now; it raises to reject."""
+        if handler.validator is None:
+            return
+        self._validating = True
+        try:
+            if isinstance(result := handler.validator(arg), Coroutine):
+                result.close()
+                raise TypeError("an update validator must be a plain function, not async")
+        finally:
+            self._validating = False
 
     def _recorded(self, seq: int, op: str) -> SeqFact | None:
         fact = self._state.resolved.get(seq) or self._state.pending.get(seq)
@@ -534,6 +684,21 @@ class Replayer:
             live.close()
         return result
 
+    def context(
+        self,
+        wf: WorkflowDef,
+        state: RunState,
+        now_ms: int,
+        guard: AbstractContextManager[None] | None = None,
+    ) -> Context | None:
+        """The context of the run's workflow where it waits now (its update handlers
+        registered): None unless it waits with nothing left to record."""
+        result = self.replay(wf, state, now_ms, guard)
+        live = self._live.get(state.run_id)
+        if live is None or result.new_facts or not isinstance(result.outcome, Blocked):
+            return None
+        return live.ctx
+
     def forget(self, run_ids: Iterable[str]) -> None:
         """Drop the coroutines of these runs (their state went back)."""
         for run_id in run_ids:
@@ -561,16 +726,23 @@ class _Live:
         try:
             with guard if guard is not None else contextlib.nullcontext():
                 outcome = self._step(state)
+                if ctx._handler_runs and not isinstance(outcome, NonDeterministic):
+                    try:
+                        ctx._resume_handlers()
+                    except _Abort as abort:
+                        outcome = abort.outcome
         except Overrun:
             self.coro = None
             outcome = Overran()
-        return Replay(outcome, ctx._new, list(ctx._compensations))
+        return Replay(outcome, ctx._new, list(ctx._compensations), ctx._open_updates())
 
     def _step(self, state: RunState) -> Outcome:
         ctx = self.ctx
         try:
             if self.coro is None:
                 self.coro = self.wf.call(ctx, self.wf.parse_input(payload.loads(state.input)))
+            elif state.updates:  # updates accepted while it waited start here
+                ctx._start_handlers()
             yielded = self.coro.send(None)
         except StopIteration as stop:
             self.coro = None
@@ -593,20 +765,28 @@ class _Live:
         )
 
     def close(self) -> None:
-        """Close the coroutine (its finally blocks run; what they raise is ignored)."""
+        """Close the coroutine and its update handlers' (their finally blocks run; what
+        they raise is ignored)."""
         coro, self.coro = self.coro, None
-        if coro is not None:
-            try:
-                coro.close()
-            except Overrun:
-                raise
-            except BaseException:  # it awaited or raised in a finally block: let it be
-                pass
+        _close(coro)
+        for h in self.ctx._handler_runs.values():
+            coro, h.coro = h.coro, None
+            _close(coro)
+
+
+def _close(coro: Coroutine[Any, Any, Any] | None) -> None:
+    if coro is not None:
+        try:
+            coro.close()
+        except Overrun:
+            raise
+        except BaseException:  # it awaited or raised in a finally block: let it be
+            pass
 
 
 def _check_nothing_left(state: RunState, ctx: Context) -> NonDeterministic | None:
     """A workflow that finishes before reaching recorded operations no longer fits."""
-    extra = [s for s in (*state.resolved, *state.pending) if s > ctx._seq]
+    extra = [s for s in (*state.resolved, *state.pending) if ctx._seq < s < UPDATE_SEQ_BASE]
     if not extra:
         return None
     seq = min(extra)

@@ -15,7 +15,7 @@ turns that into a dead letter. No I/O, and workflow code runs only through `repl
 - `timers`: due times                 - `children`: child runs
 - `events`: named events              - `limits`: permits
 - `schedules`: schedules              - `retry`, `cancel`
-- `promises`: durable promises
+- `promises`: durable promises        - `updates`: validated updates
 - `core`: the loop they all end in (advance, follow, compensate, park, emit)
 
 Who may import it: `engine.decide` (and tests); it imports only from `engine` and
@@ -41,6 +41,7 @@ from runstream.engine.rules import (
     signals,
     steps,
     timers,
+    updates,
 )
 from runstream.engine.rules.context import Activation, Rejected, Rules
 from runstream.engine.state import (
@@ -68,6 +69,7 @@ from runstream.schemas.records import (
     StartRun,
     StepResult,
     Subscribe,
+    Update,
 )
 
 __all__ = ["HANDLERS", "Activation", "Entry", "Handler", "Rejected", "Rules"]
@@ -97,6 +99,7 @@ HANDLERS: dict[type[object], Entry] = {
     DeliverEvent: Entry(RunState, events.deliver_event),
     Grant: Entry(RunState, limits.grant),
     CompletePromise: Entry(RunState, promises.complete),
+    Update: Entry(RunState, updates.update),
     Query: Entry(None, runs.query),  # any id: an entity's is a run not found
     # an entity's commands
     PublishEvent: Entry(EventEntityState, events.publish),

@@ -23,7 +23,7 @@ from runstream.engine.replay import (
     StepCall,
     replay,
 )
-from runstream.engine.rules import children, limits, runs, steps
+from runstream.engine.rules import children, limits, runs, steps, updates
 from runstream.engine.rules.context import Rules
 from runstream.engine.state import RunState, RunView, State, Status
 from runstream.engine.work import Batch
@@ -82,7 +82,8 @@ def advance(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int] = froze
         result = _replay(ctx, wf, st, b.now)
         for fact in result.new_facts:
             emit(b, st, fact)
-        if not _follow(ctx, b, st, result, relaunch):
+        handlers_go_on = result.updates and updates.follow(ctx, b, st, result, relaunch)
+        if not _follow(ctx, b, st, result, relaunch) and not handlers_go_on:
             return
 
 
@@ -280,6 +281,8 @@ def emit(b: Batch, st: State, fact: Fact) -> None:
     ending = type(fact) in END_FACTS
     kids = children.children(st) if ending else []  # before the end clears pending
     permits = dict(st.permits) if ending else {}
+    if ending and st.updates:
+        updates.ended(b, st, fact)  # first: its updates in flight fail
     apply(st, fact)
     b.effects.facts.append(fact)
     ev = lifecycle.event(fact, st)
