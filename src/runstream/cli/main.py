@@ -31,6 +31,7 @@ from runstream.cli.tasks_cmd import tasks
 from runstream.cli.tasks_status import status as tasks_status
 from runstream.cli.topics_cmd import topics
 from runstream.cli.ui_cmd import ui
+from runstream.cli.update_cmd import update
 from runstream.errors import RunstreamError
 from runstream.instance import read_health
 from runstream.topics.logs import LOGGER_NAME
@@ -69,7 +70,7 @@ cli.add_command(audit)
 cli.add_command(kafka)
 cli.add_command(topics)
 cli.add_command(runs)
-for command in (retry, resume, cancel_where):  # defined beside runs_cmd: they act on runs
+for command in (retry, resume, cancel_where, update):  # beside runs_cmd: they act on runs
     runs.add_command(command)
 cli.add_command(versions)
 cli.add_command(replay_cmd)
