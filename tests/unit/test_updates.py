@@ -16,8 +16,10 @@ from runstream.engine.limits import Limits
 from runstream.engine.reducer import fold
 from runstream.engine.work import Batch
 from runstream.engine.workflow import Registry, workflow_def
+from runstream.errors import TerminalStepError
 from runstream.schemas.records import (
     Reason,
+    Retry,
     Update,
     UpdateCode,
     UpdateReply,
@@ -35,8 +37,11 @@ def pay(amount: int) -> str:
     return f"receipt-{amount}"
 
 
-def boom(_: Any) -> None:
-    raise RuntimeError("no")
+def fail_once(x: Any) -> Any:
+    paid[-1] += 1
+    if paid[-1] == 1:
+        raise TerminalStepError("not yet")
+    return x
 
 
 async def account(ctx, start: int) -> Any:
@@ -69,7 +74,9 @@ async def account(ctx, start: int) -> Any:
     ctx.update_handler("nap", nap)
     ctx.update_handler("fails", fails)
     ctx.update_handler("sneaky", peek, validator=uses_ctx)
-    while await ctx.wait_for_signal("go") != "close":
+    while (go := await ctx.wait_for_signal("go")) != "close":
+        if go == "fail":
+            await ctx.step(fail_once, go)
         if balance["v"] <= 0:
             ctx.continue_as_new(0)
     return balance["v"]
@@ -269,4 +276,28 @@ def test_an_update_whose_step_was_in_flight_when_the_engine_died_completes_once(
     assert isinstance(done, UpdateReply) and done.stage == UpdateStage.COMPLETED
     assert payload.loads(done.output) == {"balance": 70, "receipt": "receipt-30"}
     assert paid == {30: 1} and c.names("r").count("UpdateCompleted") == 1
+    clean(c, "r")
+
+
+def test_a_failed_run_with_updates_is_retried_from_its_own_failed_step():
+    """The handlers' seqs are not the workflow's: a retry reopens the workflow's failed
+    step, though an update's step completed after it in seq order; the update that was
+    in flight when the run failed stays failed, its handler is not resumed."""
+    c = core()
+    c.start("r", "account", 100)
+    update(c, "r", "withdraw", 30)
+    c.auto_run_steps = False
+    update(c, "r", "withdraw", 5, uid="u2")  # its step is in flight when the run fails
+    c.signal("r", "go", "fail")
+    pay_job, fail_job = c.queued
+    c.queued.clear()
+    c.run_step(fail_job)
+    assert c.state("r").status == "failed"
+    assert c.state("r").update_results["u2"].code == UpdateCode.RUN_ENDED
+    c.run_step(pay_job)  # its outcome comes late: dropped
+    c.auto_run_steps = True
+    c.command(Retry("r", "fixed", retry_id="x"))
+    assert c.state("r").status == "running" and paid[-1] == 2
+    c.signal("r", "go", "close")
+    assert payload.loads(c.state("r").output) == 65 and paid[5] == 1
     clean(c, "r")
