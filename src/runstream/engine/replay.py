@@ -684,20 +684,29 @@ class Replayer:
             live.close()
         return result
 
+    @contextlib.contextmanager
     def context(
         self,
         wf: WorkflowDef,
         state: RunState,
         now_ms: int,
-        guard: AbstractContextManager[None] | None = None,
-    ) -> Context | None:
-        """The context of the run's workflow where it waits now (its update handlers
-        registered): None unless it waits with nothing left to record."""
-        result = self.replay(wf, state, now_ms, guard)
-        live = self._live.get(state.run_id)
-        if live is None or result.new_facts or not isinstance(result.outcome, Blocked):
-            return None
-        return live.ctx
+        guard: Callable[[], AbstractContextManager[None]],
+    ) -> Generator[Context | None, None, None]:
+        """The context of the run's workflow where it waits now, its update handlers
+        registered (None unless it waits with nothing left to record); ``guard`` gives
+        each replay's bracket. A run this cache does not keep (size 0) is replayed on
+        its own, and closed after."""
+        result = self.replay(wf, state, now_ms, guard())
+        live, own = self._live.get(state.run_id), None
+        if live is None and isinstance(result.outcome, Blocked):
+            own = live = _Live(wf, Context(state, self.registry, now_ms), state.retries)
+            result = live.run(state, now_ms, guard())
+        try:
+            ok = live is not None and not result.new_facts and isinstance(result.outcome, Blocked)
+            yield live.ctx if ok and live is not None else None
+        finally:
+            if own is not None:
+                own.close()
 
     def forget(self, run_ids: Iterable[str]) -> None:
         """Drop the coroutines of these runs (their state went back)."""

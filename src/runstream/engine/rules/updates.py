@@ -18,7 +18,7 @@ are checked before the validator.
 from __future__ import annotations
 
 from runstream.engine import payload
-from runstream.engine.replay import Blocked, Completed, Failed, Replay
+from runstream.engine.replay import Blocked, Completed, Context, Failed, Replay
 from runstream.engine.rules import core, runs
 from runstream.engine.rules.context import Rejected, Rules
 from runstream.engine.state import RunState, Status
@@ -71,32 +71,13 @@ def update(ctx: Rules, b: Batch, st: RunState, cmd: Update) -> None:
         _refuse(b, st, cmd, *refused)
         return
     wf = ctx.registry.get(st.workflow, st.version)
-    live = None if wf is None else ctx.replayer.context(wf, st, b.now, ctx.activation(st.run_id))
-    if live is None:
-        why = f"run {st.run_id!r} cannot take updates now (its code does not wait)"
-        _refuse(b, st, cmd, UpdateCode.NOT_RUNNING, why)
+    if wf is None:
+        _refuse(b, st, cmd, UpdateCode.NOT_RUNNING, f"run {st.run_id!r}: its code is not here")
         return
-    handler = live._update_handlers.get(cmd.name)
-    if handler is None:
-        known = ", ".join(map(repr, sorted(live._update_handlers))) or "none"
-        why = f"run {st.run_id!r} ({st.workflow}) has no update handler {cmd.name!r}"
-        why += f" (it has: {known})"
-        _refuse(b, st, cmd, UpdateCode.NO_HANDLER, why)
-        return
-    try:
-        arg = payload.loads(cmd.arg)
-    except ValueError as exc:
-        _refuse(b, st, cmd, UpdateCode.INVALID_INPUT, f"the update's argument is not JSON: {exc}")
-        return
-    try:
-        with ctx.activation(st.run_id):
-            live._validate(handler, arg)
-    except Exception as exc:  # the validator's verdict
-        _refuse(b, st, cmd, UpdateCode.REJECTED, ctx.limits.clip(f"{type(exc).__name__}: {exc}"))
-        return
-    except BaseException:  # its time budget (runtime.budget): not the validator's verdict
-        why = "the validator ran past its time budget (Settings.activation_budget)"
-        _refuse(b, st, cmd, UpdateCode.REJECTED, why)
+    with ctx.replayer.context(wf, st, b.now, lambda: ctx.activation(st.run_id)) as live:
+        verdict = _validate(ctx, st, cmd, live)
+    if isinstance(verdict, tuple):
+        _refuse(b, st, cmd, *verdict)
         return
     accepted = UpdateAccepted(
         st.run_id,
@@ -105,13 +86,39 @@ def update(ctx: Rules, b: Batch, st: RunState, cmd: Update) -> None:
         name=cmd.name,
         arg=cmd.arg,
         index=len(st.updates),
-        anchor=live._seq,
+        anchor=verdict,
         reply_to=cmd.reply_to,
         request_id=cmd.request_id,
     )
     core.emit(b, st, accepted)
     _reply(b, cmd.reply_to, cmd.request_id, cmd.update_id, st.run_id, None)
     core.advance(ctx, b, st)  # its handler starts
+
+
+def _validate(
+    ctx: Rules, st: RunState, cmd: Update, live: Context | None
+) -> int | tuple[UpdateCode, str]:
+    """Where the workflow waits (the update's anchor) if its handler takes the update;
+    else why not. The validator runs here, on the workflow's state as it waits."""
+    if live is None:
+        return UpdateCode.NOT_RUNNING, f"run {st.run_id!r} cannot take updates now"
+    handler = live._update_handlers.get(cmd.name)
+    if handler is None:
+        known = ", ".join(map(repr, sorted(live._update_handlers))) or "none"
+        why = f"run {st.run_id!r} ({st.workflow}) has no update handler {cmd.name!r}"
+        return UpdateCode.NO_HANDLER, f"{why} (it has: {known})"
+    try:
+        arg = payload.loads(cmd.arg)
+    except ValueError as exc:
+        return UpdateCode.INVALID_INPUT, f"the update's argument is not JSON: {exc}"
+    try:
+        with ctx.activation(st.run_id):
+            live._validate(handler, arg)
+    except Exception as exc:  # the validator's verdict
+        return UpdateCode.REJECTED, ctx.limits.clip(f"{type(exc).__name__}: {exc}")
+    except BaseException:  # its time budget (runtime.budget): not the validator's verdict
+        return UpdateCode.REJECTED, "the validator ran past its time budget (activation_budget)"
+    return live._seq
 
 
 def _cannot_take(ctx: Rules, st: RunState) -> tuple[UpdateCode, str] | None:
