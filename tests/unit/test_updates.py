@@ -20,6 +20,7 @@ from runstream.errors import TerminalStepError
 from runstream.schemas.records import (
     Reason,
     Retry,
+    StartRun,
     Update,
     UpdateCode,
     UpdateReply,
@@ -301,3 +302,38 @@ def test_a_failed_run_with_updates_is_retried_from_its_own_failed_step():
     c.signal("r", "go", "close")
     assert payload.loads(c.state("r").output) == 65 and paid[5] == 1
     clean(c, "r")
+
+
+def test_a_run_that_times_out_fails_the_update_in_flight():
+    c = core()
+    c.auto_run_steps = False
+    c.command(StartRun("r", "account", input=b"100", timeout_ms=5_000))
+    update(c, "r", "nap", 60)  # its timer is due after the run's timeout
+    c.advance(5)
+    (failed,) = [a for _, a in c.replies if isinstance(a, UpdateReply) and a.stage == "completed"]
+    assert failed.code == UpdateCode.RUN_ENDED and "failed" in (failed.error or "")
+    assert c.state("r").status == "failed"
+    clean(c, "r")
+
+
+def test_a_handed_over_handler_step_runs_again_on_the_next_owner_and_completes_once():
+    c = core()
+    c.auto_run_steps = False
+    c.start("r", "account", 100)
+    update(c, "r", "withdraw", 30)
+    c.hand_over("r")  # a graceful stop before the body began
+    c.decider.forget(["r"])
+    c.recover("r")
+    c.run_step(c.queued.pop())
+    assert payload.loads(c.replies[-1][1].output)["balance"] == 70 and paid == {30: 1}
+    clean(c, "r")
+
+
+def test_an_oversized_or_undecodable_update_is_a_dead_letter_not_a_stuck_partition():
+    c = core(Limits(max_record=200_000))
+    c.start("r", "account", 100)
+    big = Update("r", "withdraw", update_id="big", arg=b"1" * 150_000, reply_to="me")
+    c.command(big)
+    c.record(c.codec.encode(big)[:40], b"r")  # cut short: a foreign producer's bytes
+    assert [d.code for d in c.dead] == [Reason.OVERSIZE, Reason.UNDECODABLE]
+    assert update(c, "r", "peek", uid="after")[-1].stage == UpdateStage.COMPLETED
