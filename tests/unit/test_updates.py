@@ -18,6 +18,7 @@ from runstream.engine.work import Batch
 from runstream.engine.workflow import Registry, workflow_def
 from runstream.errors import TerminalStepError
 from runstream.schemas.records import (
+    Cancel,
     Reason,
     Retry,
     StartRun,
@@ -337,3 +338,22 @@ def test_an_oversized_or_undecodable_update_is_a_dead_letter_not_a_stuck_partiti
     c.record(c.codec.encode(big)[:40], b"r")  # cut short: a foreign producer's bytes
     assert [d.code for d in c.dead] == [Reason.OVERSIZE, Reason.UNDECODABLE]
     assert update(c, "r", "peek", uid="after")[-1].stage == UpdateStage.COMPLETED
+
+
+def test_an_update_step_recovered_while_the_run_compensates_runs_again_so_the_run_ends():
+    """A crash with an update's step in flight, then a cancel with compensation: the
+    compensation waits for that step, which a new owner must run again (not only the
+    workflow's own step), else the run never ends."""
+    c = core()
+    c.auto_run_steps = False
+    c.start("r", "account", 100)
+    update(c, "r", "withdraw", 30)
+    c.command(Cancel("r", True, reason="stop"))
+    assert c.state("r").status == "compensating"
+    c.decider.forget(["r"])
+    c.recover("r")
+    assert [j.seq for j in c.queued] == [update_seq(0, 1)]
+    c.run_step(c.queued.pop())
+    assert c.state("r").status == "cancelled"
+    assert c.replies[-1][1].code == UpdateCode.RUN_ENDED
+    clean(c, "r")

@@ -214,10 +214,11 @@ def _relaunch_forward(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[in
     wf = ctx.registry.get(st.workflow, st.version)
     if wf is None or not any(s > 0 for s in relaunch):
         return
-    outcome = replay(wf, st, ctx.registry, b.now, ctx.activation(st.run_id)).outcome
-    match outcome:
-        case Blocked(StepCall(seq, step, args)) if seq in relaunch:
-            steps.run_step(ctx, b, st, seq, step, args, relaunch)
+    result = replay(wf, st, ctx.registry, b.now, ctx.activation(st.run_id))
+    for outcome in [result.outcome, *(o for _, o in result.updates)]:  # an update's step too
+        match outcome:
+            case Blocked(StepCall(seq, step, args)) if seq in relaunch:
+                steps.run_step(ctx, b, st, seq, step, args, relaunch)
 
 
 def compensate(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int] = frozenset()) -> None:
