@@ -357,3 +357,33 @@ def test_an_update_step_recovered_while_the_run_compensates_runs_again_so_the_ru
     assert c.state("r").status == "cancelled"
     assert c.replies[-1][1].code == UpdateCode.RUN_ENDED
     clean(c, "r")
+
+
+registers = {"handler": True}
+
+
+async def fickle(ctx) -> Any:
+    async def slow(_: Any) -> str:
+        return await ctx.step(pay, 1)
+
+    if registers["handler"]:
+        ctx.update_handler("slow", slow)
+    return await ctx.wait_for_signal("go")
+
+
+def test_code_that_no_longer_registers_an_accepted_handler_parks_the_run():
+    reg = Registry()
+    reg.add_workflow(workflow_def(fickle))
+    c = Core(reg)
+    c.auto_run_steps = False
+    c.start("r", "fickle")
+    update(c, "r", "slow")
+    registers["handler"] = False  # a deploy of code without the handler
+    try:
+        c.decider.forget(["r"])
+        c.run_step(c.queued.pop())
+        st = c.state("r")
+        assert st.status == "parked" and "update slow" in (st.reason or "")
+        assert "UpdateCompleted" not in c.names("r")  # not recorded from code that does not fit
+    finally:
+        registers["handler"] = True

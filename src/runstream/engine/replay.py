@@ -743,7 +743,11 @@ class _Live:
         except Overrun:
             self.coro = None
             outcome = Overran()
-        return Replay(outcome, ctx._new, list(ctx._compensations), ctx._open_updates())
+        # Code that no longer fits its history: its handlers' outcomes are not recorded.
+        fits = not isinstance(outcome, NonDeterministic | Overran)
+        return Replay(
+            outcome, ctx._new, list(ctx._compensations), ctx._open_updates() if fits else []
+        )
 
     def _step(self, state: RunState) -> Outcome:
         ctx = self.ctx
