@@ -19,6 +19,7 @@ from runstream.engine.workflow import Registry, workflow_def
 from runstream.errors import TerminalStepError
 from runstream.schemas.records import (
     Cancel,
+    CompletePromise,
     Reason,
     Retry,
     StartRun,
@@ -26,6 +27,7 @@ from runstream.schemas.records import (
     UpdateCode,
     UpdateReply,
     UpdateStage,
+    promise_id,
     update_seq,
 )
 
@@ -387,3 +389,32 @@ def test_code_that_no_longer_registers_an_accepted_handler_parks_the_run():
         assert "UpdateCompleted" not in c.names("r")  # not recorded from code that does not fit
     finally:
         registers["handler"] = True
+
+
+async def promising(ctx) -> Any:
+    seen = {"v": 0}
+
+    def put(k: int) -> int:
+        seen["v"] = k
+        return k
+
+    ctx.update_handler("put", put)
+    p = ctx.promise()
+    await ctx.step(pay, 1)
+    before = seen["v"]  # read before the await: an update accepted during it is not seen
+    await p
+    return [before, seen["v"]]
+
+
+@pytest.mark.parametrize("cache_miss", [False, True])
+def test_a_replay_starts_a_handler_where_it_was_accepted_even_at_a_promise_await(cache_miss):
+    reg = Registry()
+    reg.add_workflow(workflow_def(promising))
+    c = Core(reg)
+    c.start("r", "promising")
+    update(c, "r", "put", 5)  # the run awaits its promise
+    if cache_miss:
+        c.decider.forget(["r"])
+    c.command(CompletePromise("r", promise_id("r", 1), value=b"null"))
+    assert payload.loads(c.state("r").output) == [0, 5]
+    clean(c, "r")

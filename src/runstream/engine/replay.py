@@ -303,6 +303,9 @@ class Context:
         self._update_handlers: dict[str, UpdateHandler] = {}
         self._handler_runs: dict[str, _HandlerRun] = {}  # by update id, started
         self._current: _HandlerRun | None = None  # the handler running now (its seqs)
+        # Where the workflow's code is: its operations and promise awaits so far. An update
+        # accepted while it waits is anchored there (`_start_handlers`).
+        self._points = 0
         self._validating = False
 
     # -- durable operations ------------------------------------------------------
@@ -456,6 +459,8 @@ class Context:
     async def _outcome(self, promise: Promise) -> Any:
         """What awaiting ``promise`` gives: its outcome once recorded (no seq of its own:
         the promise's completion, or its timeout, is the one fact that settles it)."""
+        if self._current is None:  # an await takes no seq, but the code may wait here
+            self._point()
         fact = self._recorded(promise.seq, "promise")
         while not isinstance(fact, PromiseCompleted):
             await _Suspend(PromiseWait(promise.seq))
@@ -517,19 +522,24 @@ class Context:
                 raise RuntimeError(f"an update handler may do {UPDATE_SEQ_SPAN - 1} operations")
             return update_seq(h.accepted.index, h.n)
         self._seq += 1
+        self._point()
+        return self._seq
+
+    def _point(self) -> None:
+        """The workflow's code reached its next point (where it may wait)."""
+        self._points += 1
         if self._state.updates:
             self._start_handlers()
-        return self._seq
 
     # -- update handlers (rules.updates) ---------------------------------------------
     def _start_handlers(self) -> None:
-        """Start the handlers of the updates accepted at or before the workflow's seq now.
-        An update is accepted while the workflow waits at its seq ``anchor``; a replay
-        starts its handler once the code calls that seq again, before it sees the seq's
-        outcome: what the handler changes before its first await, the workflow's code
-        sees at the same point every time."""
+        """Start the handlers of the updates accepted at or before the workflow's point
+        now. An update is accepted while the workflow waits at its point ``anchor`` (an
+        operation, or a promise's await); a replay starts its handler once the code gets
+        there again, before it sees what it waits for: what the handler changes before
+        its first await, the workflow's code sees at the same point every time."""
         for uid, accepted in self._state.updates.items():
-            if accepted.anchor > self._seq or uid in self._handler_runs:
+            if accepted.anchor > self._points or uid in self._handler_runs:
                 continue
             h = self._handler_runs[uid] = _HandlerRun(accepted)
             handler = self._update_handlers.get(accepted.name)

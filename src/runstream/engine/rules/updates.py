@@ -118,7 +118,7 @@ def _validate(
         return UpdateCode.REJECTED, ctx.limits.clip(f"{type(exc).__name__}: {exc}")
     except BaseException:  # its time budget (runtime.budget): not the validator's verdict
         return UpdateCode.REJECTED, "the validator ran past its time budget (activation_budget)"
-    return live._seq
+    return live._points
 
 
 def _cannot_take(ctx: Rules, st: RunState) -> tuple[UpdateCode, str] | None:
