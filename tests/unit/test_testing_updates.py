@@ -70,3 +70,29 @@ def test_a_validator_error_rejects_and_an_end_fails_the_update_in_flight():
     with pytest.raises(runstream.UpdateFailed) as exc:
         u.result()
     assert exc.value.code == "run-ended" and not exc.value.rejected
+
+
+deco = runstream.App("tester-deco")
+
+
+@deco.workflow
+async def named(ctx: runstream.Context) -> list[str]:
+    names: list[str] = []
+
+    @ctx.update_handler("add", validator=lambda name: None if name else 1 / 0)
+    def add(name: str) -> int:  # a plain function: it completes as it is accepted
+        names.append(name)
+        return len(names)
+
+    await ctx.wait_for_signal("done")
+    return names
+
+
+def test_a_handler_registered_as_a_decorator_may_be_a_plain_function():
+    t = WorkflowTester(deco)
+    run = t.start("named", run_id="n")
+    assert [t.update("n", "add", who) for who in ("ann", "bob")] == [1, 2]
+    with pytest.raises(runstream.UpdateFailed):
+        t.update("n", "add", "")
+    t.signal("n", "done")
+    assert run.result() == ["ann", "bob"]
