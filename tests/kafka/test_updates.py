@@ -167,7 +167,9 @@ def test_an_engine_killed_between_an_updates_admission_and_completion_answers_on
 ):
     """SIGKILL while the handler's step runs (the update accepted, not completed); a new
     process of the same instance recovers the step; the caller's wait gets the result,
-    the step's body completed once, and the journal has one acceptance and one outcome."""
+    the step's body completed once, and the journal has one acceptance and one outcome.
+    Then SIGKILL again, and an update admitted while no owner lives is decided once the
+    next one comes."""
     log, state, gate = tmp_path / "steps.log", tmp_path / "state", tmp_path / "gate"
     state.mkdir()
     env = {"RUNSTREAM_TEST_GATE": str(gate)}
@@ -184,15 +186,20 @@ def test_an_engine_killed_between_an_updates_admission_and_completion_answers_on
         worker = spawn_worker(kafka_bootstrap, ns, state, "w1", log, app=app, **env)
         assert h.result(timeout=90) == {"balance": 70, "receipt": "receipt-30"}
         assert client.update("crash", "withdraw", 30, update_id="u")["balance"] == 70
+        kill(worker)  # an update admitted while its owner is dead: decided by the next
+        late = client.start_update("crash", "withdraw", 5, update_id="v", wait_for="admitted")
+        worker = spawn_worker(kafka_bootstrap, ns, state, "w1", log, app=app, **env)
+        assert late.result(timeout=90) == {"balance": 65, "receipt": "receipt-5"}
         client.signal("crash", "close")
-        assert client.result("crash", timeout=60) == 70
+        assert client.result("crash", timeout=60) == 65
         client.close()
     finally:
         if worker.poll() is None:
             terminate(worker)
     assert _paid(log)["pay end 30"] == 1  # the killed attempt never ended; the rerun did
+    assert _paid(log)["pay end 5"] == 1
     facts = _facts(kafka_bootstrap, ns, "crash")
     names = [type(f).__name__ for f in facts]
-    assert names.count("UpdateAccepted") == 1 and names.count("UpdateCompleted") == 1
+    assert names.count("UpdateAccepted") == 2 and names.count("UpdateCompleted") == 2
     assert "RunRecovered" in names
     assert check_run(facts) == []
