@@ -18,7 +18,7 @@ from typing import Any
 
 # The harness (and with it runstream) is imported only when a workload runs, so that
 # `compare`, which only starts subprocesses, does not load the engine's code.
-WORKLOADS = ("floor", "W1", "W2", "W3", "W3b", "W4", "W5", "W6", "W7", "W8", "W9")
+WORKLOADS = ("floor", "W1", "W2", "W3", "W3b", "W4", "W5", "W6", "W7", "W8", "W9", "W10")
 
 
 def _functions() -> dict[str, Callable[..., Any]]:
@@ -36,6 +36,7 @@ def _functions() -> dict[str, Callable[..., Any]]:
         "W7": workloads.w7,
         "W8": workloads.w8,
         "W9": workloads.w9,
+        "W10": workloads.w10,
     }
 
 

@@ -48,6 +48,22 @@ async def wait_promise(ctx: runstream.Context) -> object:
     return await ctx.promise()
 
 
+@app.workflow
+async def counter(ctx: runstream.Context) -> int:
+    """W10: waits for "stop" and takes updates "add" meanwhile: each adds its argument
+    and returns the total (a handler without awaits: it completes as it is accepted)."""
+    total = 0
+
+    def add(n: int) -> int:
+        nonlocal total
+        total += n
+        return total
+
+    ctx.update_handler("add", add)
+    await ctx.wait_for_signal("stop")
+    return total
+
+
 def _log(line: str) -> None:
     path = os.environ.get("RUNSTREAM_BENCH_STEP_LOG")
     if path:

@@ -1187,3 +1187,64 @@ def w8(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
     if beside["w1_p50_ratio"] is not None:
         line += f", W1 p50 {beside['w1_p50_ratio']}x local"
     return record, line
+
+
+# ----------------------------------------------------------------- W10
+
+
+def w10(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
+    """An update round trip on a waiting run: one run takes ``runs`` updates in turn."""
+    runs = args.runs or 100
+    warmup = 10 if args.warmup is None else args.warmup
+    record = base_record(bench, "W10", "update round trip", argv)
+    record["instances"] = 1
+    record["params"] = {
+        "runs": runs,
+        "warmup": warmup,
+        "repeat": args.repeat,
+        "workflow": "counter: update handler 'add' (no awaits), waits for signal 'stop'",
+        "measure": "one run, suspended on its signal wait (seen on the lifecycle topic); "
+        "per update, sequentially: perf_counter around client.update(run, 'add', 1), "
+        "which sends the Update (flushed) and returns the handler's result from <ns>.replies",
+    }
+    reps = []
+    for r in range(args.repeat):
+        ns = bench.namespace("W10", r)
+        _settings(record, bench, ns)
+        rep = _new_rep(ns, r)
+        reps.append(rep)
+        lc = Lifecycle(bench.bootstrap, ns, f"w10-{r}".encode())
+        try:
+            with engines(bench, ns, rep), runstream.Client(ns, bench.bootstrap) as client:
+                rid = client.start("counter", None, run_id=f"w10-{r}")
+                if not lc.wait_run("suspended", rid, 30):
+                    raise BenchError(f"run {rid} never suspended on its signal wait")
+                lat, wrong = [], 0
+                for i in range(warmup + runs):
+                    t0 = time.perf_counter()
+                    out = client.update(rid, "add", 1, timeout=60)
+                    dt = (time.perf_counter() - t0) * 1000
+                    wrong += out != i + 1
+                    if i >= warmup:
+                        lat.append(dt)
+                client.signal(rid, "stop")
+                wrong += client.result(rid, timeout=60) != warmup + runs
+                rep["round_trip_ms"] = latency_stats(lat)
+                rep["wrong_results"] = wrong
+        finally:
+            lc.stop()
+        log(
+            f"W10 repeat {r + 1}: p50 {rep['round_trip_ms']['p50']:.1f} ms, "
+            f"p99 {rep['round_trip_ms']['p99']:.1f} ms"
+        )
+    _record_common(record, reps)
+    summary = {
+        k: spread(rep["round_trip_ms"][k] for rep in reps) for k in ("p50", "p90", "p99", "mean")
+    }
+    record["summary"] = {"round_trip_ms": summary}
+    record = finish_record(record)
+    line = (
+        f"W10: update round trip p50 {fmt_spread(summary['p50'], ' ms')}, "
+        f"p99 {fmt_spread(summary['p99'], ' ms')}; {runs} updates x {args.repeat}"
+    )
+    return record, line

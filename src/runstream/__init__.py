@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from runstream.app import App
-    from runstream.client import Client, RunInfo
+    from runstream.client import Client, RunInfo, UpdateHandle
     from runstream.engine.replay import Context, Promise
     from runstream.engine.steps import StepContext
     from runstream.errors import (
@@ -59,6 +59,7 @@ if TYPE_CHECKING:
         StepTimeout,
         TerminalStepError,
         TopicError,
+        UpdateFailed,
         WorkflowNotFound,
     )
     from runstream.operations import CancelReport, JournalFact, RunEvent, RunPage, RunSummary
@@ -100,12 +101,14 @@ _ERRORS = (
     "StepTimeout",
     "TerminalStepError",
     "TopicError",
+    "UpdateFailed",
     "WorkflowNotFound",
 )
 _HOME = {
     "App": "runstream.app",
     "Client": "runstream.client",
     "RunInfo": "runstream.client",
+    "UpdateHandle": "runstream.client",
     "Context": "runstream.engine.replay",
     "Promise": "runstream.engine.replay",
     "Settings": "runstream.settings",
@@ -167,6 +170,8 @@ __all__ = [
     "StepTimeout",
     "TerminalStepError",
     "TopicError",
+    "UpdateFailed",
+    "UpdateHandle",
     "Worker",
     "WorkflowNotFound",
 ]

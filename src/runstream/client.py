@@ -32,6 +32,7 @@ from runstream.errors import (
     RunNotFound,
     RunRejected,
     TopicError,
+    UpdateFailed,
     run_failed,
 )
 from runstream.interceptors import outgoing_headers, record_headers
@@ -70,6 +71,9 @@ from runstream.schemas.records import (
     StartRun,
     Status,
     Unpause,
+    Update,
+    UpdateReply,
+    UpdateStage,
     continuation_of,
     correlation_id,
     promise_of,
@@ -135,6 +139,7 @@ class Client:
         self._asked: set[str] = set()  # request ids waiting for an answer
         self._expected: OrderedDict[str, str] = OrderedDict()  # run id -> its start's request
         self._replies: dict[str, RunInfoRecord | QueryAnswer] = {}
+        self._update_replies: dict[str, UpdateReply | None] = {}  # by update id: latest
 
     def __enter__(self) -> Client:
         return self
@@ -401,6 +406,129 @@ class Client:
         """Let a paused run go on; a run that is not paused stays as it is."""
         self._send(Unpause(run_id, reason, by=by or who(), sent_at_ms=_now_ms()), wait)
 
+    # -- updates (docs/guides/updates.md) ---------------------------------------------
+    def update(
+        self,
+        run_id: str,
+        name: str,
+        arg: Any = None,
+        *,
+        update_id: str | None = None,
+        timeout: float = 30.0,
+    ) -> Any:
+        """Send update ``name`` to a run and return its handler's result. Raises
+        `UpdateFailed` if the run rejected it (its validator raised, no such handler,
+        the run has ended, a cap: nothing was recorded) or its handler failed, and
+        `TimeoutError` after ``timeout`` seconds. Idempotent by ``update_id``: a call
+        again with the same id gets the same answer, and the handler runs once."""
+        handle = self.start_update(
+            run_id, name, arg, update_id=update_id, wait_for="completed", timeout=timeout
+        )
+        return handle.result(timeout)
+
+    def start_update(
+        self,
+        run_id: str,
+        name: str,
+        arg: Any = None,
+        *,
+        update_id: str | None = None,
+        wait_for: str = "accepted",
+        timeout: float = 30.0,
+    ) -> UpdateHandle:
+        """Send update ``name`` and return once it is ``wait_for``: ``"admitted"`` (on
+        the log: Kafka has it, it will be decided even if every engine is down now),
+        ``"accepted"`` (its validator passed: a fact), or ``"completed"``. The handle's
+        `UpdateHandle.result` waits for the result. Raises `UpdateFailed` as `update`."""
+        cmd = Update(
+            run_id,
+            name,
+            update_id=update_id or uuid.uuid4().hex,
+            arg=payload.dumps(arg),
+            reply_to=self.client_id,
+            sent_at_ms=_now_ms(),
+        )
+        return self._start_update(cmd, wait_for, timeout)
+
+    def update_with_start(
+        self,
+        workflow: str | Callable[..., Any],
+        input: Any = None,
+        *,
+        run_id: str,
+        update: str,
+        arg: Any = None,
+        update_id: str | None = None,
+        version: str | None = None,
+        tags: dict[str, str] | None = None,
+        run_timeout: float | str | None = None,
+        wait_for: str = "accepted",
+        timeout: float = 30.0,
+    ) -> UpdateHandle:
+        """Send update ``update`` to run ``run_id``, starting the run first (with
+        ``input``) if it does not exist, in one command on the run's partition: one
+        decision starts the run and validates the update. ``run_timeout`` is the run's
+        execution timeout. Otherwise as `start_update`."""
+        problem = run_id_problem(run_id, new=True)
+        if problem:
+            raise ValueError(problem)
+        cmd = Update(
+            run_id,
+            update,
+            update_id=update_id or uuid.uuid4().hex,
+            arg=payload.dumps(arg),
+            reply_to=self.client_id,
+            sent_at_ms=_now_ms(),
+            start_workflow=_workflow_name(workflow),
+            start_input=payload.dumps(input),
+            start_version=version,
+            start_tags=dict(tags or {}),
+            start_timeout_ms=None if run_timeout is None else int(seconds(run_timeout) * 1000),
+        )
+        return self._start_update(cmd, wait_for, timeout)
+
+    def _start_update(self, cmd: Update, wait_for: str, timeout: float) -> UpdateHandle:
+        if wait_for not in _STAGES:
+            raise ValueError(f"wait_for must be one of {_STAGES}, not {wait_for!r}")
+        handle = UpdateHandle(self, cmd)
+        if wait_for == "admitted":
+            self._listen()  # the answers sent from now on are read
+            with self._mutex:
+                self._update_replies.setdefault(cmd.update_id, None)
+            self._send(cmd)  # returns once Kafka has it
+            return handle
+        handle._wait(wait_for, timeout)
+        return handle
+
+    def _update_answer(self, cmd: Update, wait_for: str, deadline: float) -> UpdateReply | None:
+        """The update's answer once it is at ``wait_for`` (or ended), else None at the
+        deadline. The command is sent again now and then (idempotent by its id), in case
+        its answer was lost with an owner that died or its partition moved."""
+        self._listen()
+        uid, again = cmd.update_id, 2.0
+        with self._lock:
+            with self._mutex:
+                known = uid in self._update_replies
+                self._update_replies.setdefault(uid, None)
+            if not known:
+                self._send(cmd)
+            ask_again = time.monotonic() + again
+            while True:
+                answer = self._update_replies.get(uid)
+                if answer is not None and answer.stage != UpdateStage.ACCEPTED:
+                    self._update_replies.pop(uid, None)  # its end: the handle keeps it
+                    return answer
+                if answer is not None and wait_for == "accepted":
+                    return answer
+                now = time.monotonic()
+                if now >= deadline:
+                    return None
+                if now >= ask_again:
+                    self._send(cmd)
+                    again = min(again * 2, 15.0)
+                    ask_again = now + again
+                self._pump(min(deadline, ask_again, now + 1.0) - now)
+
     # -- questions -------------------------------------------------------------------
     def get_run(self, run_id: str, timeout: float = 10.0) -> RunInfo:
         """Ask the run's owner; raises RunNotFound if no such run exists."""
@@ -595,6 +723,10 @@ class Client:
                 continue
             if isinstance(msg, RunInfoRecord | QueryAnswer) and msg.request_id in self._asked:
                 self._replies[msg.request_id] = msg
+            elif isinstance(msg, UpdateReply) and msg.update_id in self._update_replies:
+                known = self._update_replies[msg.update_id]
+                if known is None or known.stage == UpdateStage.ACCEPTED:  # keep the end
+                    self._update_replies[msg.update_id] = msg
 
     def _partition_count(self, topic: str, timeout: float) -> int:
         n = self._sender.partitions(topic, timeout)
@@ -733,6 +865,47 @@ class Client:
         )
 
 
+_STAGES = ("admitted", "accepted", "completed")
+
+
+class UpdateHandle:
+    """An update sent by `Client.start_update`: ``stage`` is how far it is known to
+    have got (admitted, accepted, completed); `result` waits for its result."""
+
+    def __init__(self, client: Client, cmd: Update) -> None:
+        self._client, self._cmd = client, cmd
+        self.run_id, self.update_id, self.name = cmd.run_id, cmd.update_id, cmd.name
+        self.stage = "admitted"
+        self._answer: UpdateReply | None = None
+
+    def __repr__(self) -> str:
+        return f"<UpdateHandle {self.name!r} {self.update_id!r} of {self.run_id!r}: {self.stage}>"
+
+    def result(self, timeout: float = 30.0) -> Any:
+        """The handler's result once it completes. Raises `UpdateFailed` (rejected, or
+        its handler failed, or its run ended first) or `TimeoutError`."""
+        answer = self._wait("completed", timeout)
+        return payload.loads(answer.output or b"null")
+
+    def _wait(self, wait_for: str, timeout: float) -> UpdateReply:
+        if self._answer is None or (
+            self._answer.stage == UpdateStage.ACCEPTED and wait_for == "completed"
+        ):
+            deadline = time.monotonic() + timeout
+            answer = self._client._update_answer(self._cmd, wait_for, deadline)
+            if answer is None:
+                raise TimeoutError(
+                    f"update {self.update_id!r} of run {self.run_id!r} not {wait_for} within "
+                    f"{timeout}s (is an engine instance running?)"
+                )
+            self._answer, self.stage = answer, answer.stage
+        answer = self._answer
+        if answer.error is not None:
+            rejected = answer.stage == UpdateStage.REJECTED
+            raise UpdateFailed(self.run_id, self.update_id, answer.code, answer.error, rejected)
+        return answer
+
+
 def _ended(info: RunInfoRecord) -> bool:
     """The answer a waiting question wants: the run ended, or it does not exist."""
     return not info.found or info.status in (*TERMINAL, Status.REJECTED)
@@ -773,4 +946,4 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-__all__ = ["Client", "RunInfo"]
+__all__ = ["Client", "RunInfo", "UpdateHandle"]

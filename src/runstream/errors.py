@@ -24,6 +24,7 @@ RunstreamError
  ├─ ChildFailed              in a parent workflow: its child did not complete
  ├─ PromiseRejected          in a workflow: the promise it awaits was rejected
  ├─ QueryFailed              client.query(): no such handler, or the handler raised
+ ├─ UpdateFailed             client.update(): rejected, or its handler failed (.code)
  └─ StepError                a step failed for good (raised inside workflow code)
      └─ TerminalStepError    raise it from a step: fail at once, no retry
 
@@ -234,6 +235,19 @@ class PromiseTimeout(RunstreamError, TimeoutError):
     def __init__(self, promise_id: str, message: str) -> None:
         super().__init__(message)
         self.promise_id = promise_id
+
+
+class UpdateFailed(RunstreamError):
+    """`Client.update` of an update the run rejected (``rejected``: its validator raised,
+    no such handler, the run had ended, a cap; nothing was recorded) or whose handler
+    failed, or whose run ended while it ran. ``code`` is the stable reason
+    (``runstream.schemas.records.UpdateCode``), ``message`` the explanation."""
+
+    def __init__(self, run_id: str, update_id: str, code: str, message: str, rejected: bool):
+        what = "was rejected" if rejected else "failed"
+        super().__init__(f"update {update_id!r} of run {run_id!r} {what} ({code}): {message}")
+        self.run_id, self.update_id, self.code, self.message = run_id, update_id, code, message
+        self.rejected = rejected
 
 
 class RunCancelled(RunstreamError):

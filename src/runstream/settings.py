@@ -144,6 +144,15 @@ class Settings(BaseSettings):
     history_max_bytes: int = Field(
         50 * 1024 * 1024, ge=1, description="A run's payload bytes at which it fails."
     )
+    updates_in_flight: int = Field(
+        10, ge=1, description="Updates of one run accepted and not completed at once."
+    )
+    updates_per_history: int = Field(
+        2000,
+        ge=1,
+        le=16_384,
+        description="Updates one run's history takes; then it should continue as new.",
+    )
     metrics_port: int = Field(
         0,
         ge=0,

@@ -7,6 +7,7 @@
     t.signal("o-1", "approve", {"by": "ann"})
     t.resolve(run.promises[0], {"ok": True})                 # a durable promise's id
     t.query("o-1", "status"); run.events["stage"]            # @ctx.query_handler, set_event
+    assert t.update("o-1", "add", {"sku": 7}) == {"items": 1}  # a validated update
     t.run_until_idle()            # jumps to each next timer: a 30-day sleep takes no time
     assert run.result() == {...}
 
@@ -48,6 +49,7 @@ from runstream.errors import (
     RunNotFound,
     RunRejected,
     RunstreamError,
+    UpdateFailed,
     run_failed,
 )
 from runstream.runtime.steps import execute
@@ -73,6 +75,9 @@ from runstream.schemas.records import (
     StepResult,
     StepTask,
     Unpause,
+    Update,
+    UpdateReply,
+    UpdateStage,
     correlation_id,
     promise_of,
     schedule_id,
@@ -83,7 +88,14 @@ from runstream.topics.spec import Topics
 if TYPE_CHECKING:
     from runstream.app import App
 
-__all__ = ["EndlessTimers", "Run", "RunNotFinished", "StepAttempt", "WorkflowTester"]
+__all__ = [
+    "EndlessTimers",
+    "Run",
+    "RunNotFinished",
+    "StepAttempt",
+    "TestUpdate",
+    "WorkflowTester",
+]
 
 PARTITION = 0  # the tester is one engine instance owning the namespace's only partition
 EPOCH = datetime(2025, 1, 1, tzinfo=UTC)  # the fake clock's default start: tests repeat
@@ -238,6 +250,7 @@ class WorkflowTester:
         self.steps_run: list[StepAttempt] = []
         self.dead_letters: list[DeadLetter] = []
         self._answers: dict[str, QueryAnswer] = {}  # live queries' answers, by request id
+        self._updates: dict[str, UpdateReply] = {}  # the latest answer, by update id
 
     # -- what tests do ---------------------------------------------------------------
     @property
@@ -368,6 +381,53 @@ class WorkflowTester:
         """Let a paused run go on from what was recorded while it was paused."""
         self._send(Unpause(run_id, reason, by="WorkflowTester"))
 
+    def update(
+        self, run_id: str, name: str, arg: Any = None, *, update_id: str | None = None
+    ) -> Any:
+        """Send update ``name`` (see `Client.update`) and return its handler's result.
+        Raises `UpdateFailed` (rejected, or its handler failed), or `RunNotFinished` if
+        the handler still waits (a sleep: `advance`, then `TestUpdate.result`)."""
+        return self.start_update(run_id, name, arg, update_id=update_id).result()
+
+    def start_update(
+        self, run_id: str, name: str, arg: Any = None, *, update_id: str | None = None
+    ) -> TestUpdate:
+        """Send update ``name`` and let the run go on: the update as far as it got."""
+        cmd = Update(
+            run_id, name, update_id=update_id or self._next_id("update"),
+            arg=payload.dumps(arg), reply_to="tester",
+        )  # fmt: skip
+        self._send(cmd)
+        return TestUpdate(self, cmd.run_id, cmd.update_id)
+
+    def update_with_start(
+        self,
+        workflow: str | Callable[..., Any],
+        input: Any = None,
+        *,
+        run_id: str,
+        update: str,
+        arg: Any = None,
+        update_id: str | None = None,
+    ) -> TestUpdate:
+        """Update run ``run_id``, starting it first if it does not exist, in one command
+        (see `Client.update_with_start`)."""
+        cmd = Update(
+            run_id,
+            update,
+            update_id=update_id or self._next_id("update"),
+            arg=payload.dumps(arg),
+            reply_to="tester",
+            start_workflow=self.app.registry.workflow_name(workflow),
+            start_input=payload.dumps(input),
+        )
+        self._send(cmd)
+        return TestUpdate(self, cmd.run_id, cmd.update_id)
+
+    def _next_id(self, what: str) -> str:
+        self._signal_ids += 1
+        return f"test-{what}-{self._signal_ids}"
+
     def advance(self, duration: Duration) -> None:
         """Let ``duration`` of fake time pass (seconds, "10m", "1d", a timedelta): the
         sleeps, step retries and signal timeouts due meanwhile fire at their due times,
@@ -438,6 +498,11 @@ class WorkflowTester:
         self.journal += fx.facts
         self.dead_letters += fx.dead_letters
         self._answers |= {a.request_id: a for _, a in fx.replies if isinstance(a, QueryAnswer)}
+        for _, answer in fx.replies:
+            if isinstance(answer, UpdateReply):
+                known = self._updates.get(answer.update_id)
+                if known is None or known.stage == UpdateStage.ACCEPTED:
+                    self._updates[answer.update_id] = answer
         for cmd in fx.commands:  # to other runs: continue-as-new, children and their ends
             self._queue_command(cmd)
         for job in fx.steps:
@@ -494,6 +559,33 @@ class WorkflowTester:
             )
         )
         return outcome
+
+
+class TestUpdate:
+    """An update sent by `WorkflowTester.start_update`, read live."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, tester: WorkflowTester, run_id: str, update_id: str) -> None:
+        self._tester, self.run_id, self.update_id = tester, run_id, update_id
+
+    def __repr__(self) -> str:
+        return f"<TestUpdate {self.update_id!r} of {self.run_id!r}: {self.stage}>"
+
+    @property
+    def stage(self) -> str:
+        """accepted, completed or rejected."""
+        return self._tester._updates[self.update_id].stage
+
+    def result(self) -> Any:
+        """The handler's result. Raises `UpdateFailed` or `RunNotFinished` (it waits)."""
+        answer = self._tester._updates[self.update_id]
+        if answer.error is not None:
+            rejected = answer.stage == UpdateStage.REJECTED
+            raise UpdateFailed(self.run_id, self.update_id, answer.code, answer.error, rejected)
+        if answer.stage != UpdateStage.COMPLETED:
+            raise RunNotFinished(f"update {self.update_id!r} is {answer.stage}: its handler waits")
+        return payload.loads(answer.output or b"null")
 
 
 def _step_name(app: App, fn: Callable[..., Any]) -> str:

@@ -76,7 +76,7 @@ def codec() -> Codec:
 
 
 def test_every_shipped_file_is_a_documented_runstream_record() -> None:
-    assert len(SHIPPED) == 71
+    assert len(SHIPPED) == 75
     for filename, schema in ALL_FILES.items():
         assert filename.startswith(f"runstream.{schema['name']}.")
         assert schema["namespace"] == "runstream"
@@ -225,6 +225,32 @@ FIELDS = {
     "PromiseCreated": [*_FACT, "seq", "promise_id", "timeout_at_ms"],
     "PromiseCompleted": [*_FACT, "seq", "value", "error", "timed_out"],
     "RunEventSet": [*_FACT, "seq", "key", "value"],
+    "Update": [
+        "run_id",
+        "name",
+        "update_id",
+        "arg",
+        "reply_to",
+        "request_id",
+        "sent_at_ms",
+        "start_workflow",
+        "start_input",
+        "start_version",
+        "start_tags",
+        "start_timeout_ms",
+    ],
+    "UpdateAccepted": [
+        *_FACT,
+        "update_id",
+        "name",
+        "arg",
+        "index",
+        "anchor",
+        "reply_to",
+        "request_id",
+    ],
+    "UpdateCompleted": [*_FACT, "update_id", "output", "error", "code"],
+    "UpdateReply": ["request_id", "update_id", "run_id", "stage", "output", "error", "code"],
     "StepHandedOver": [*_FACT, "seq", "name", "attempt", "ran"],
     "RunRecovered": [*_FACT, "seq", "recoveries"],
     "CompensationStarted": [*_FACT, "error", "traceback", "cancelled"],

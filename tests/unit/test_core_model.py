@@ -3,7 +3,8 @@
 
 Hypothesis drives starts, signals, events, cancels, retries, timer fires, local step
 outcomes, remote results and heartbeats (in order, late, duplicated), completions of
-durable promises (known and unknown, once or again), the commands runs
+durable promises (known and unknown, once or again), validated updates (accepted,
+rejected by their validator or for want of a handler, once or again), the commands runs
 send each other (delivered in order per partition, interleaved with the rest), and the
 faults: a restore of a partition by a new owner, a graceful handover, an aborted
 transaction redone, a command delivered twice, a cache miss. After every step, and at a
@@ -14,6 +15,7 @@ quiescent point at the end of each example, it checks the invariants below.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -71,6 +73,9 @@ from runstream.schemas.records import (
     StartRun,
     StepCompleted,
     Unpause,
+    Update,
+    UpdateAccepted,
+    UpdateCompleted,
     correlation_id,
     promise_id,
 )
@@ -237,8 +242,31 @@ async def published(ctx: Any, n: int) -> int:
     return n
 
 
+@app.workflow(timeout="60s")
+async def updatable(ctx: Any, n: int) -> int:
+    """Takes updates "bump" (a validator refuses a negative one) whose handler adds to
+    the workflow's total before its step; the workflow waits for a signal, then runs a
+    step: its output is ``n`` plus every accepted update's argument, however its
+    handlers' starts interleave with replays from the start."""
+    total = [n]
+
+    async def bump(k: int) -> int:
+        total[0] += k
+        return int(await ctx.step(work, k))
+
+    def non_negative(k: int) -> None:
+        if k < 0:
+            raise ValueError("negative")
+
+    ctx.update_handler("bump", bump, validator=non_negative)
+    with contextlib.suppress(SignalTimeout):
+        await ctx.wait_for_signal("go", timeout="30s")
+    await ctx.step(work, total[0])
+    return total[0]
+
+
 ENGINE_LOG = logging.getLogger("runstream.engine")
-WORKFLOWS = ("saga", "waiter", "chain", "keyed", "parent", "promised", "published")
+WORKFLOWS = ("saga", "waiter", "chain", "keyed", "parent", "promised", "published", "updatable")
 HOW = hs.sampled_from(["ok", "retryable", "terminal"])
 INDEX = hs.integers(0, 1_000)
 
@@ -443,6 +471,34 @@ def promise_problems(shell: Shell, runs: Iterable[str]) -> list[str]:
     return out
 
 
+def update_problems(shell: Shell, runs: Iterable[str], at_rest: bool = False) -> list[str]:
+    """An update is accepted once and completed once, after its acceptance; a completed
+    ``updatable`` run's output counts every accepted update once; at rest no update of
+    a run that ended, or of one whose handlers' steps all ran, is left in flight."""
+    out = []
+    for run_id in sorted(runs):
+        facts = shell.facts(run_id)
+        accepted = [f for f in facts if isinstance(f, UpdateAccepted)]
+        completed = [f.update_id for f in facts if isinstance(f, UpdateCompleted)]
+        ids = [f.update_id for f in accepted]
+        if len(set(ids)) != len(ids) or len(set(completed)) != len(completed):
+            out.append(f"{run_id}: an update accepted or completed twice: {ids}, {completed}")
+        if set(completed) - set(ids):
+            out.append(f"{run_id}: updates completed, never accepted: {set(completed) - set(ids)}")
+        st = shell.state(run_id)
+        if not isinstance(st, RunState):
+            continue
+        if at_rest and set(ids) - set(completed):
+            out.append(
+                f"{run_id} ({st.status}): updates in flight at rest: {set(ids) - set(completed)}"
+            )
+        if st.workflow == "updatable" and st.status == "completed" and st.output:
+            want = payload.loads(st.input) + sum(payload.loads(f.arg) for f in accepted)
+            if payload.loads(st.output) != want:
+                out.append(f"{run_id}: returned {payload.loads(st.output)}, want {want}")
+    return out
+
+
 def told(problems: list[str]) -> str:
     return "\n".join(problems)
 
@@ -480,6 +536,7 @@ class CoreModel(RuleBasedStateMachine):
         self.signals = 0
         self.retries = 0
         self.completions: list[CompletePromise] = []
+        self.updates: list[Update] = []
         # The model dead-letters many commands on purpose (cancels of unknown runs, late
         # results): keep the engine's warnings out of the captured log (errors stay).
         self._level = ENGINE_LOG.level
@@ -595,6 +652,24 @@ class CoreModel(RuleBasedStateMachine):
         assert [a.request_id for a in answers] == [request]
         st = shell.state(target)
         assert answers[0].found == (isinstance(st, RunState) and st.exists)
+
+    @precondition(lambda self: self.started)
+    @rule(i=INDEX, k=hs.integers(-1, 3), again=hs.booleans(), anyone=hs.booleans())
+    def update(self, i: int, k: int, again: bool, anyone: bool) -> None:
+        """An update "bump" (a negative one is rejected by its validator), or one sent
+        before, again: mostly for an ``updatable`` run, else (``anyone``) for any run (no
+        such handler, or no such run)."""
+        if again and self.updates:
+            self.shell.send(self._pick(self.updates, i))
+            return
+        updatable = [
+            r for r in self._known() if getattr(self.shell.state(r), "workflow", "") == "updatable"
+        ]
+        target = self._pick(updatable if updatable and not anyone else self._known(), i)
+        uid = f"u{len(self.updates)}"
+        cmd = Update(target, "bump", update_id=uid, arg=payload.dumps(k), reply_to="model")
+        self.updates.append(cmd)
+        self.shell.send(cmd)
 
     # -- Kafka, step bodies, task workers, time --------------------------------------
     @precondition(lambda self: self.shell.pending())
@@ -741,6 +816,7 @@ class CoreModel(RuleBasedStateMachine):
         assert not (p := retry_problems(shell, runs)), told(p)
         assert not (p := promise_problems(shell, runs)), told(p)
         assert not (p := witness_problems(shell)), told(p)
+        assert not (p := update_problems(shell, runs)), told(p)
 
     def teardown(self) -> None:
         # A step or an invariant failed: that is the report. (Hypothesis's own StopTest,
@@ -781,6 +857,7 @@ class CoreModel(RuleBasedStateMachine):
         assert not (p := held_at_rest_problems(shell)), told(p)
         assert not (p := ttl_problems(shell)), told(p)
         assert not (p := witness_problems(shell, at_rest=True)), told(p)
+        assert not (p := update_problems(shell, shell.by_run, at_rest=True)), told(p)
 
 
 class Progress:

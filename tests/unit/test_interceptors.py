@@ -29,7 +29,7 @@ from runstream.interceptors import (
     outgoing_headers,
 )
 from runstream.runtime.steps import execute
-from runstream.schemas.records import Pause, StartRun, Unpause
+from runstream.schemas.records import Pause, StartRun, Unpause, Update
 
 from .corehelp import Core
 
@@ -411,3 +411,16 @@ def test_a_step_that_settles_while_its_run_is_paused_is_live_to_the_code_at_unpa
     core.advance(5)  # and once more, from the cached coroutine
     stepped = [r for _, what, r in log if what == "stepped double r"]
     assert stepped == [False]
+
+
+def test_an_update_refused_while_a_step_runs_keeps_that_step_live_to_interceptors() -> None:
+    """The refusal replays the code to evaluate the update (no handler here): that replay
+    must not mark the step in flight as a replay, or its span is never emitted."""
+    log: list[tuple[str, str, bool]] = []
+    core = Core(registry(Recorder("a", log)))
+    core.auto_run_steps = False
+    start(core, "r", "saga", 3)
+    core.decider.forget(["r"])  # a cache miss: the update replays the code from the start
+    core.command(Update("r", "bump", update_id="u1", arg=payload.dumps(1), reply_to="c"))
+    core.run_step(core.queued.pop(0))
+    assert [r for _, what, r in log if what == "stepped double r"] == [False]

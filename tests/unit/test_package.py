@@ -59,6 +59,8 @@ def test_public_names_are_pinned():
         "StepTimeout",
         "TerminalStepError",
         "TopicError",
+        "UpdateFailed",
+        "UpdateHandle",
         "Worker",
         "WorkflowNotFound",
     }

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from runstream.schemas.records import (
     END_FACTS,
     ENTITY_PREFIX,
+    UPDATE_SEQ_BASE,
     ChildEnded,
     ChildStarted,
     CompensationStarted,
@@ -74,6 +75,8 @@ from runstream.schemas.records import (
     StepStarted,
     TimerFired,
     TimerScheduled,
+    UpdateAccepted,
+    UpdateCompleted,
     ValueRecorded,
 )
 
@@ -182,6 +185,7 @@ class RunCheck:
         "starts",
         "status",
         "terminal_at",
+        "updates",
     )
 
     def __init__(self, run_id: str, partition: int | None = None) -> None:
@@ -212,6 +216,7 @@ class RunCheck:
         # a limit entity: its concurrency, and the permits it holds out (holder, seq)
         self.limit: int | None = None
         self.held: set[tuple[str, int]] = set()
+        self.updates: dict[str, bool] = {}  # accepted update id -> completed
 
     def _bad(self, message: str, *positions: int) -> None:
         self.problems.append((message, positions))
@@ -303,6 +308,15 @@ class RunCheck:
                         f"RunRecovered seq {fact.seq} but no step of that seq is running", pos
                     )
                 self.recovering.add(fact.seq)
+            case UpdateAccepted(update_id=uid):
+                if uid in self.updates:
+                    self._bad(f"a second UpdateAccepted of update {uid!r}", pos)
+                self.updates[uid] = False
+            case UpdateCompleted(update_id=uid):
+                if self.updates.get(uid) is not False:
+                    how = "completed already" if uid in self.updates else "never accepted"
+                    self._bad(f"UpdateCompleted of update {uid!r}, {how}", pos)
+                self.updates[uid] = True
             case RunStarted():
                 self.starts += 1
                 if self.starts > 1:
@@ -444,7 +458,7 @@ class RunCheck:
 
     def _close(self) -> None:
         """Check the sequence numbers, then drop what only an open run needs."""
-        used = [s for s in self.seqs if s > 0]
+        used = [s for s in self.seqs if 0 < s < UPDATE_SEQ_BASE]  # handlers' seqs: their own
         if used and max(used) != len(used):  # 1..k with no gap, each seq counted once
             missing = sorted(set(range(1, max(used) + 1)) - set(used))[:5]
             self._bad(f"sequence numbers skip {missing} (highest used: {max(used)})")

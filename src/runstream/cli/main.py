@@ -38,6 +38,7 @@ LAZY: dict[str, tuple[str, str, tuple[str, ...]]] = {
             "queries_cmd:event",
             "pause_cmd:pause",
             "pause_cmd:unpause",
+            "update_cmd:update",
             "queries_cmd:query",
         ),
     ),

@@ -35,6 +35,9 @@ class Limits:
     # distinct keys one run may set (the runs read model keeps each).
     event_value: int = 64 * 1024
     event_keys: int = 100
+    # Validated updates of one run: open at once, and in one history (`rules.updates`).
+    updates_in_flight: int = 10
+    updates_per_history: int = 2000
 
     def __post_init__(self) -> None:
         if self.max_record <= 2 * ENVELOPE:

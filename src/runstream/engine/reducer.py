@@ -70,6 +70,8 @@ from runstream.schemas.records import (
     StepStarted,
     TimerFired,
     TimerScheduled,
+    UpdateAccepted,
+    UpdateCompleted,
     ValueRecorded,
 )
 
@@ -208,6 +210,10 @@ def _run(state: RunState, fact: Fact) -> None:
         case RunUnpaused():  # the unpause's batch still reads them from its state before
             state.paused, state.settled_paused = None, set()
             state.status = Status.RUNNING if state.compensation is None else Status.COMPENSATING
+        case UpdateAccepted():
+            state.updates[fact.update_id] = fact
+        case UpdateCompleted():
+            state.update_results[fact.update_id] = fact
         case _:
             raise UnknownFactError(type(fact).__name__)
 

@@ -22,7 +22,7 @@ import random as _random
 import traceback
 import uuid as _uuid
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Generator, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -56,6 +56,8 @@ from runstream.errors import (
     StepError,
 )
 from runstream.schemas.records import (
+    UPDATE_SEQ_BASE,
+    UPDATE_SEQ_SPAN,
     ChildEnded,
     ChildStarted,
     EventAwaited,
@@ -76,8 +78,10 @@ from runstream.schemas.records import (
     StepStarted,
     TimerFired,
     TimerScheduled,
+    UpdateAccepted,
     ValueRecorded,
     promise_id,
+    update_seq,
 )
 
 log = logging.getLogger("runstream.engine")
@@ -205,6 +209,30 @@ class Replay:
     outcome: Outcome
     new_facts: list[Recorded] = field(default_factory=list)  # ctx.now/uuid/random/promise
     compensations: list[Compensation] = field(default_factory=list)
+    # The update handlers still open in the history, and how far each got (`rules.updates`).
+    updates: list[tuple[UpdateAccepted, Outcome]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateHandler:
+    """An update handler the workflow registered (`Context.update_handler`)."""
+
+    name: str
+    fn: Callable[[Any], Awaitable[Any]]
+    validator: Callable[[Any], Any] | None
+
+
+class _HandlerRun:
+    """An accepted update's handler coroutine: its operations take seqs of their own
+    (`update_seq`), so it never shifts the workflow's."""
+
+    __slots__ = ("accepted", "coro", "n", "outcome")
+
+    def __init__(self, accepted: UpdateAccepted) -> None:
+        self.accepted = accepted
+        self.coro: Coroutine[Any, Any, Any] | None = None
+        self.n = 0  # operations taken
+        self.outcome: Outcome | None = None
 
 
 class Overrun(BaseException):
@@ -312,18 +340,28 @@ class Context:
         self._keys: tuple[tuple[int, int], set[str]] | None = None  # (state, its keys)
         #: Text headers the run carries (`runstream.interceptors`): read them, don't change.
         self.headers: dict[str, str] = dict(state.headers)
-        self._settled = 0  # the highest seq settled before this activation
+        self._settled = Settled(0)  # what was settled before this activation
         interceptors = registry.interceptors
         last: WorkflowOutbound = _Outbound(self)
         self._outbound = chain(interceptors, last, lambda i, n: i.workflow_outbound(n))
         self._inbound: WorkflowInbound = _NoInbound()  # bound by its _Live
+        self._update_handlers: dict[str, UpdateHandler] = {}
+        self._handler_runs: dict[str, _HandlerRun] = {}  # by update id, started
+        self._current: _HandlerRun | None = None  # the handler running now (its seqs)
+        # Where the workflow's code is: its operations and promise awaits so far. An update
+        # accepted while it waits is anchored there (`_start_handlers`).
+        self._points = 0
+        self._validating = False
 
     @property
     def is_replaying(self) -> bool:
         """The code is re-running what an earlier activation of this run already got past
         (a replay from the start after a restart or a cache miss, on any instance): do no
         side effect meant to happen once (logging, spans) while it is True."""
-        return self._seq < self._settled
+        settled = self._settled
+        if self._current is not None:  # an update handler's next operation: its own seqs
+            return settled.everything or self._peek() in settled.handlers
+        return self._seq < settled.below
 
     def _opened_at(self, seq: int) -> int:
         """When the operation at ``seq`` began: its open fact's time, or now (it begins)."""
@@ -349,7 +387,7 @@ class Context:
         ``fairness`` (a key such as a tenant: round robin between keys) order the wait.
         """
         sd = self._registry.step(fn)
-        seq = self._seq + 1
+        seq = self._peek()
         call = StepInput(
             self.run_id,
             seq,
@@ -387,7 +425,7 @@ class Context:
 
     async def sleep(self, duration: float | str) -> None:
         """Sleep durably: seconds, or a string such as "5s", "10m", "1d"."""
-        secs, seq = seconds(duration), self._seq + 1
+        secs, seq = seconds(duration), self._peek()
         call = SleepInput(
             self.run_id,
             seq,
@@ -469,7 +507,7 @@ class Context:
         awaited: bool,
         parent_close: str,
     ) -> ChildInput:
-        name, seq = self._registry.workflow_name(workflow), self._seq + 1
+        name, seq = self._registry.workflow_name(workflow), self._peek()
         return ChildInput(
             self.run_id,
             seq,
@@ -557,6 +595,8 @@ class Context:
     async def _outcome(self, promise: Promise) -> Any:
         """What awaiting ``promise`` gives: its outcome once recorded (no seq of its own:
         the promise's completion, or its timeout, is the one fact that settles it)."""
+        if self._current is None:  # an await takes no seq, but the code may wait here
+            self._point()
         fact = self._recorded(promise.seq, "promise")
         while not isinstance(fact, PromiseCompleted):
             await _Suspend(PromiseWait(promise.seq))
@@ -640,15 +680,143 @@ class Context:
         )
         self._outbound.continue_as_new(call)
 
+    def update_handler(
+        self,
+        name: str,
+        fn: Callable[[Any], Awaitable[Any]] | None = None,
+        *,
+        validator: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        """Handle updates ``name`` (`Client.update`) with ``fn(arg)``, an ``async def``
+        that may await steps, sleeps and waits like workflow code and whose return value
+        is the update's result. ``validator(arg)``, a plain function, runs first on the
+        run's current state inside the engine's decision: if it raises, the update is
+        rejected with its error and leaves no trace in the history. Used as a decorator
+        without ``fn``. Register handlers before the workflow's first durable call, so a
+        run can take updates as soon as it starts (update-with-start)."""
+
+        def register(f: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
+            self._update_handlers[name] = UpdateHandler(name, f, validator)
+            return f
+
+        return register if fn is None else register(fn)
+
     # -- internals ---------------------------------------------------------------
+    def _peek(self) -> int:
+        """The seq the next operation will take (`_next`), for the interceptors' inputs."""
+        h = self._current
+        return self._seq + 1 if h is None else update_seq(h.accepted.index, h.n + 1)
+
     def _next(self) -> int:
         if self._querying:
             raise RuntimeError(
                 "a query handler may not call durable operations (ctx.step, ctx.set_event, "
                 "ctx.now, ...): a query never changes the run"
             )
+        if self._validating:
+            raise RuntimeError(
+                "an update validator may not call durable operations (ctx.step, ctx.now, "
+                "...): it only reads the workflow's state; do the work in the handler"
+            )
+        h = self._current
+        if h is not None:  # an update handler's operation: a seq of its own
+            h.n += 1
+            if h.n >= UPDATE_SEQ_SPAN:
+                raise RuntimeError(f"an update handler may do {UPDATE_SEQ_SPAN - 1} operations")
+            return update_seq(h.accepted.index, h.n)
         self._seq += 1
+        self._point()
         return self._seq
+
+    def _point(self) -> None:
+        """The workflow's code reached its next point (where it may wait)."""
+        self._points += 1
+        if self._state.updates:
+            self._start_handlers()
+
+    # -- update handlers (rules.updates) ---------------------------------------------
+    def _start_handlers(self) -> None:
+        """Start the handlers of the updates accepted at or before the workflow's point
+        now. An update is accepted while the workflow waits at its point ``anchor`` (an
+        operation, or a promise's await); a replay starts its handler once the code gets
+        there again, before it sees what it waits for: what the handler changes before
+        its first await, the workflow's code sees at the same point every time."""
+        for uid, accepted in self._state.updates.items():
+            if accepted.anchor > self._points or uid in self._handler_runs:
+                continue
+            h = self._handler_runs[uid] = _HandlerRun(accepted)
+            handler = self._update_handlers.get(accepted.name)
+            if handler is None:
+                err = NonDeterminismError(
+                    self.run_id, accepted.anchor, f"update {accepted.name}", "no such handler"
+                )
+                raise _Abort(NonDeterministic(err))
+            self._drive(h, handler.fn, accepted.arg)
+
+    def _resume_handlers(self) -> None:
+        """Resume the handlers that wait, after the workflow's code suspended or ended."""
+        for h in list(self._handler_runs.values()):
+            if isinstance(h.outcome, Blocked):
+                self._drive(h)
+
+    def _drive(
+        self, h: _HandlerRun, fn: Callable[[Any], Any] | None = None, arg: bytes = b"null"
+    ) -> None:
+        """Run handler ``h`` (started as ``fn(arg)``) until it waits or ends: its outcome."""
+        prev, self._current = self._current, h
+        try:
+            if fn is not None:
+                coro = fn(payload.loads(arg))
+                if not isinstance(coro, Coroutine):  # a plain function: its value
+                    h.outcome = Completed(coro)
+                    return
+                h.coro = coro
+            if h.coro is None:
+                return
+            yielded = h.coro.send(None)
+        except StopIteration as stop:
+            h.coro, h.outcome = None, Completed(stop.value)
+        except _Abort as abort:
+            h.coro = None
+            if isinstance(abort.outcome, NonDeterministic):
+                raise
+            h.outcome = Failed("RuntimeError: an update handler may not continue as new", "")
+        except Overrun:
+            raise
+        except BaseException as exc:  # user code, as in `_Live._step`
+            h.coro = None
+            h.outcome = Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        else:
+            if isinstance(yielded, _Suspend):
+                h.outcome = Blocked(yielded.request)
+            else:
+                _close(h.coro)
+                h.coro = None
+                h.outcome = Failed("TypeError: an update handler may only await Runstream "
+                                   f"operations, not {yielded!r}", "")  # fmt: skip
+        finally:
+            self._current = prev
+
+    def _open_updates(self) -> list[tuple[UpdateAccepted, Outcome]]:
+        """The handlers whose update has no outcome in the history yet, and theirs now."""
+        done = self._state.update_results
+        return [
+            (h.accepted, h.outcome)
+            for uid, h in self._handler_runs.items()
+            if h.outcome is not None and uid not in done
+        ]
+
+    def _validate(self, handler: UpdateHandler, arg: Any) -> None:
+        """Run ``handler``'s validator on the workflow's state now; it raises to reject."""
+        if handler.validator is None:
+            return
+        self._validating = True
+        try:
+            if isinstance(result := handler.validator(arg), Coroutine):
+                result.close()
+                raise TypeError("an update validator must be a plain function, not async")
+        finally:
+            self._validating = False
 
     def _recorded(self, seq: int, op: str) -> SeqFact | None:
         fact = self._state.resolved.get(seq) or self._state.pending.get(seq)
@@ -718,8 +886,19 @@ class _Inbound(WorkflowInbound):
         return input.payload
 
 
-#: Settled seqs for a replay that re-runs a history (compensations, a relaunch): all.
-ALL_SETTLED = 1 << 62
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What an earlier activation of the run's code saw settle, so what is a replay to
+    the interceptors (``is_replaying``): the workflow's operations below seq ``below``,
+    and the update handlers' operations in ``handlers`` (seqs of their own)."""
+
+    below: int
+    handlers: frozenset[int] = frozenset()
+    everything: bool = False
+
+
+#: For a replay that re-runs a history (compensations, a relaunch, a query): all of it.
+ALL_SETTLED = Settled(1 << 62, everything=True)
 
 
 def replay(
@@ -728,7 +907,7 @@ def replay(
     registry: Registry,
     now_ms: int,
     guard: AbstractContextManager[None] | None = None,
-    settled: int = ALL_SETTLED,
+    settled: Settled = ALL_SETTLED,
 ) -> Replay:
     """Run ``wf`` against ``state``'s history from the start until it ends or suspends,
     then close it. Never raises. ``guard`` brackets the workflow code (the shell's time
@@ -799,7 +978,7 @@ class Replayer:
         state: RunState,
         now_ms: int,
         guard: AbstractContextManager[None] | None = None,
-        settled: int = ALL_SETTLED,
+        settled: Settled = ALL_SETTLED,
     ) -> Replay:
         """As `replay`, resuming the run's coroutine when it fits ``state``."""
         live = self._live.pop(state.run_id, None)
@@ -822,6 +1001,31 @@ class Replayer:
         else:
             live.close()
         return result
+
+    @contextlib.contextmanager
+    def context(
+        self,
+        wf: WorkflowDef,
+        state: RunState,
+        now_ms: int,
+        guard: Callable[[], AbstractContextManager[None]],
+        settled: Settled = ALL_SETTLED,
+    ) -> Generator[Context | None, None, None]:
+        """The context of the run's workflow where it waits now, its update handlers
+        registered (None unless it waits with nothing left to record); ``guard`` gives
+        each replay's bracket. A run this cache does not keep (size 0) is replayed on
+        its own, and closed after."""
+        result = self.replay(wf, state, now_ms, guard(), settled)
+        live, own = self._live.get(state.run_id), None
+        if live is None and isinstance(result.outcome, Blocked):
+            own = live = _Live(wf, Context(state, self.registry, now_ms), state.retries)
+            result = live.run(state, now_ms, guard())  # thrown away: a replay to the end
+        try:
+            ok = live is not None and not result.new_facts and isinstance(result.outcome, Blocked)
+            yield live.ctx if ok and live is not None else None
+        finally:
+            if own is not None:
+                own.close()
 
     def forget(self, run_ids: Iterable[str]) -> None:
         """Drop the coroutines of these runs (their state went back)."""
@@ -852,12 +1056,12 @@ class _Live:
         state: RunState,
         now_ms: int,
         guard: AbstractContextManager[None] | None,
-        settled: int = ALL_SETTLED,
+        settled: Settled = ALL_SETTLED,
     ) -> Replay:
         ctx = self.ctx
         ctx._state, ctx._now_ms, ctx._new = state, now_ms, []
         ctx._settled = settled
-        replaying = self.coro is None and settled > 0 and bool(state.resolved)
+        replaying = self.coro is None and settled != Settled(0) and bool(state.resolved)
         act = ActivationInput(
             state.run_id,
             state.workflow,
@@ -871,10 +1075,19 @@ class _Live:
         try:
             with guard if guard is not None else contextlib.nullcontext():
                 outcome = self._activate(act)
+                if ctx._handler_runs and not isinstance(outcome, NonDeterministic):
+                    try:
+                        ctx._resume_handlers()
+                    except _Abort as abort:
+                        outcome = abort.outcome
         except Overrun:
             self.coro = None
             outcome = Overran()
-        return Replay(outcome, ctx._new, list(ctx._compensations))
+        # Code that no longer fits its history: its handlers' outcomes are not recorded.
+        fits = not isinstance(outcome, NonDeterministic | Overran)
+        return Replay(
+            outcome, ctx._new, list(ctx._compensations), ctx._open_updates() if fits else []
+        )
 
     def _activate(self, act: ActivationInput) -> Outcome:
         """The activation through the inbound links. A link that raises changes nothing
@@ -903,6 +1116,8 @@ class _Live:
                     state.retries + 1,
                 )
                 self.coro = self.inbound.execute(run)
+            elif state.updates:  # updates accepted while it waited start here
+                ctx._start_handlers()
             yielded = self.coro.send(None)
         except StopIteration as stop:
             self.coro = None
@@ -925,20 +1140,28 @@ class _Live:
         )
 
     def close(self) -> None:
-        """Close the coroutine (its finally blocks run; what they raise is ignored)."""
+        """Close the coroutine and its update handlers' (their finally blocks run; what
+        they raise is ignored)."""
         coro, self.coro = self.coro, None
-        if coro is not None:
-            try:
-                coro.close()
-            except Overrun:
-                raise
-            except BaseException:  # it awaited or raised in a finally block: let it be
-                pass
+        _close(coro)
+        for h in self.ctx._handler_runs.values():
+            coro, h.coro = h.coro, None
+            _close(coro)
+
+
+def _close(coro: Coroutine[Any, Any, Any] | None) -> None:
+    if coro is not None:
+        try:
+            coro.close()
+        except Overrun:
+            raise
+        except BaseException:  # it awaited or raised in a finally block: let it be
+            pass
 
 
 def _check_nothing_left(state: RunState, ctx: Context) -> NonDeterministic | None:
     """A workflow that finishes before reaching recorded operations no longer fits."""
-    extra = [s for s in (*state.resolved, *state.pending) if s > ctx._seq]
+    extra = [s for s in (*state.resolved, *state.pending) if ctx._seq < s < UPDATE_SEQ_BASE]
     if not extra:
         return None
     seq = min(extra)

@@ -30,6 +30,8 @@ from runstream.schemas.records import (
     StepHandedOver,
     StepStarted,
     TimerScheduled,
+    UpdateAccepted,
+    UpdateCompleted,
     id_kind,
 )
 from runstream.schemas.records import Status as Status
@@ -121,6 +123,9 @@ class RunState:
     reply_to: str | None = None  # the client its start asked to be told of its end
     request_id: str = ""
     headers: dict[str, str] = field(default_factory=dict)  # interceptors' (RunStarted.headers)
+    # Validated updates (`rules.updates`): every one accepted, in order, and their outcomes.
+    updates: dict[str, UpdateAccepted] = field(default_factory=dict)
+    update_results: dict[str, UpdateCompleted] = field(default_factory=dict)
 
     @property
     def exists(self) -> bool:
@@ -145,6 +150,8 @@ class RunState:
             beats=dict(self.beats),
             permits=dict(self.permits),
             promises=dict(self.promises),
+            updates=dict(self.updates),
+            update_results=dict(self.update_results),
         )
 
     def timers(self) -> set[tuple[int, int]]:
@@ -182,6 +189,10 @@ class RunState:
             beat = self.beats.get(seq, (0, None))[0]
             dues.append(max(beat, started.at_ms, since) + started.heartbeat_ms)
         return min(dues, default=None)
+
+    def updates_in_flight(self) -> list[UpdateAccepted]:
+        """The updates accepted and not completed yet, in order."""
+        return [u for i, u in self.updates.items() if i not in self.update_results]
 
     def running_steps(self) -> list[int]:
         """Sequence numbers of steps the engine runs, started with no outcome yet."""

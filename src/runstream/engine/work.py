@@ -23,6 +23,7 @@ from runstream.schemas.records import (
     Record,
     RunInfo,
     StepTask,
+    UpdateReply,
 )
 
 #: One attempt of one step of a run: (run id, seq, attempt).
@@ -165,7 +166,9 @@ class Effects:
     steps: list[StepJob] = field(default_factory=list)
     tasks: list[StepTask] = field(default_factory=list)  # remote attempts, to their group
     commands: list[Command] = field(default_factory=list)  # to other runs
-    replies: list[tuple[str, RunInfo | QueryAnswer]] = field(default_factory=list)  # (to, answer)
+    replies: list[tuple[str, RunInfo | QueryAnswer | UpdateReply]] = field(
+        default_factory=list
+    )  # (to, answer)
     waiters: list[Waiter] = field(default_factory=list)  # questions to answer at the end
     dead_letters: list[DeadLetter] = field(default_factory=list)
     forwards: list[Forward] = field(default_factory=list)

@@ -80,6 +80,7 @@ class Reason(StrEnum):
     UNKNOWN_PROMISE = "unknown-promise"  # no such promise in the run (or not a promise id)
     PROMISE_COMPLETED = "promise-completed"  # resolved, rejected or timed out already
     RUN_ENDED = "run-ended"  # its promise can no longer be completed
+    UPDATE_REFUSED = "update-refused"  # an update nobody waits for was refused
 
 
 #: A run id is 1 to this many bytes of UTF-8.
@@ -154,6 +155,39 @@ def limit_id(name: str, key: str | None = None) -> str:
 
 #: The seq of a run's own permit (its workflow's concurrency_key), below any step's.
 RUN_PERMIT_SEQ = -(1 << 31) + 2
+
+#: An update handler's operations take seqs of their own, above the workflow's: the
+#: handler of the run's update ``index`` (from 0) takes `update_seq(index, 1)`, ... (a
+#: 4-byte key in the projection bounds both numbers).
+UPDATE_SEQ_BASE = 1 << 30
+UPDATE_SEQ_SPAN = 1 << 16
+MAX_UPDATES = (1 << 30) // UPDATE_SEQ_SPAN  # per history
+
+
+def update_seq(index: int, n: int) -> int:
+    """The seq of the ``n``-th operation (from 1) of the handler of update ``index``."""
+    return UPDATE_SEQ_BASE + index * UPDATE_SEQ_SPAN + n
+
+
+class UpdateStage(StrEnum):
+    """Where an update stands (`UpdateReply.stage`)."""
+
+    ACCEPTED = "accepted"  # its validator passed: an UpdateAccepted fact
+    COMPLETED = "completed"  # its handler returned (output) or failed (error): a fact
+    REJECTED = "rejected"  # refused in the decision: no fact
+
+
+class UpdateCode(StrEnum):
+    """Why an update was refused or failed (`UpdateReply.code`)."""
+
+    REJECTED = "rejected"  # its validator raised
+    NO_HANDLER = "no-handler"  # the run has no handler of that name (yet)
+    UNKNOWN_RUN = "unknown-run"
+    RUN_ENDED = "run-ended"  # the run ended (or continued as new) before or while it ran
+    NOT_RUNNING = "not-running"  # parked, compensating, or waiting for its permit
+    TOO_MANY = "too-many"  # caps: in flight, or in the history
+    INVALID_INPUT = "invalid-input"
+    HANDLER_FAILED = "handler-failed"  # its handler raised
 
 
 def schedule_id(name: str) -> str:
@@ -466,6 +500,25 @@ class Unpause(Record):
     sent_at_ms: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Update(Record):
+    """A validated update (`Client.update`); with ``start_workflow``, update-with-start."""
+
+    run_id: str
+    name: str
+    _: KW_ONLY
+    update_id: str  # idempotency: a duplicate gets the first one's answer
+    arg: bytes
+    reply_to: str | None = None
+    request_id: str = ""
+    sent_at_ms: int = 0
+    start_workflow: str | None = None  # update-with-start: start the run if it does not exist
+    start_input: bytes | None = None
+    start_version: str | None = None
+    start_tags: dict[str, str] = field(default_factory=dict)
+    start_timeout_ms: int | None = None
+
+
 Command = (
     StartRun
     | Signal
@@ -486,6 +539,7 @@ Command = (
     | LiveQuery
     | Pause
     | Unpause
+    | Update
 )
 COMMANDS: tuple[type[Record], ...] = Command.__args__
 
@@ -984,6 +1038,31 @@ class PermitReceived(Record):
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class UpdateAccepted(Record):
+    run_id: str
+    at_ms: int
+    _: KW_ONLY
+    update_id: str
+    name: str
+    arg: bytes
+    index: int  # the run's n-th update (from 0): its handler's seqs are `update_seq(index, k)`
+    anchor: int  # where the workflow waited (`Context._points`): a replay starts it there
+    reply_to: str | None = None
+    request_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateCompleted(Record):
+    run_id: str
+    at_ms: int
+    _: KW_ONLY
+    update_id: str
+    output: bytes | None = None  # the handler's result (JSON), or None with an error
+    error: str | None = None
+    code: str = ""  # `UpdateCode` with an error
+
+
 Fact = (
     RunStarted
     | RunRejected
@@ -1031,6 +1110,8 @@ Fact = (
     | RunEventSet
     | RunPaused
     | RunUnpaused
+    | UpdateAccepted
+    | UpdateCompleted
 )
 FACTS: tuple[type[Record], ...] = Fact.__args__
 END_FACTS = {
@@ -1154,6 +1235,20 @@ class RunInfo(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class UpdateReply(Record):
+    """Topic <ns>.replies, keyed by the asking client's id: where an update stands."""
+
+    request_id: str
+    update_id: str
+    _: KW_ONLY
+    run_id: str
+    stage: str  # `UpdateStage`
+    output: bytes | None = None
+    error: str | None = None
+    code: str = ""  # `UpdateCode` with an error
+
+
+@dataclass(frozen=True, slots=True)
 class StepTask(Record):
     """Topic <ns>.tasks.<group>: a remote step invocation (declared for remote steps)."""
 
@@ -1202,5 +1297,6 @@ _ALL: tuple[type[Record], ...] = (
     QueryAnswer,
     StepTask,
     Event,
+    UpdateReply,
 )
 RECORDS: dict[str, type[Record]] = {cls.AVRO: cls for cls in _ALL}

@@ -148,6 +148,8 @@ def _open_engine_log(
             history_events_max=s.history_max_events,
             history_bytes_warn=s.history_warn_bytes,
             history_bytes_max=s.history_max_bytes,
+            updates_in_flight=s.updates_in_flight,
+            updates_per_history=s.updates_per_history,
         ),
     )
 

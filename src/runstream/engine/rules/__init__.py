@@ -15,8 +15,8 @@ turns that into a dead letter. No I/O, and workflow code runs only through `repl
 - `timers`: due times                 - `children`: child runs
 - `events`: named events              - `limits`: permits
 - `schedules`: schedules              - `retry`, `cancel`
-- `promises`: durable promises      - `queries`: live queries
-- `pause`: pause, unpause
+- `promises`: durable promises        - `queries`: live queries
+- `pause`: pause, unpause             - `updates`: validated updates
 - `core`: the loop they all end in (advance, follow, compensate, park, emit)
 
 Who may import it: `engine.decide` (and tests); it imports only from `engine` and
@@ -44,6 +44,7 @@ from runstream.engine.rules import (
     signals,
     steps,
     timers,
+    updates,
 )
 from runstream.engine.rules.context import Activation, Rejected, Rules
 from runstream.engine.state import (
@@ -74,6 +75,7 @@ from runstream.schemas.records import (
     StepResult,
     Subscribe,
     Unpause,
+    Update,
 )
 
 __all__ = ["HANDLERS", "Activation", "Entry", "Handler", "Rejected", "Rules"]
@@ -103,6 +105,7 @@ HANDLERS: dict[type[object], Entry] = {
     DeliverEvent: Entry(RunState, events.deliver_event),
     Grant: Entry(RunState, limits.grant),
     CompletePromise: Entry(RunState, promises.complete),
+    Update: Entry(RunState, updates.update),
     Query: Entry(None, runs.query),  # any id: an entity's is a run not found
     LiveQuery: Entry(None, queries.live_query),  # likewise
     Pause: Entry(RunState, pause.pause),

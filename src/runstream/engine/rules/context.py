@@ -7,9 +7,11 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 from runstream.engine.limits import Limits
-from runstream.engine.replay import Replayer
+from runstream.engine.replay import Replayer, Settled
+from runstream.engine.state import RunState
+from runstream.engine.work import Batch
 from runstream.engine.workflow import Registry
-from runstream.schemas.records import Reason
+from runstream.schemas.records import UPDATE_SEQ_BASE, Reason
 
 Activation = Callable[[str], AbstractContextManager[None]]
 
@@ -41,3 +43,17 @@ class Rules:
         self.max_recovery_attempts = max_recovery_attempts
         # Brackets each run of workflow code (the shell gives it a time budget).
         self.activation: Activation = activation or (lambda _run: contextlib.nullcontext())
+
+
+def settled(b: Batch, st: RunState) -> Settled:
+    """What an earlier activation of the run's code saw settle (`replay.Settled`): what
+    was settled before this batch and still is (a retry reopens failed steps), and not
+    while the run was paused (its code sees that first now)."""
+    before = b.runs[st.run_id].before if st.run_id in b.runs else st
+    if not isinstance(before, RunState):
+        return Settled(0)
+    seen = [s for s in before.resolved if s in st.resolved and s not in before.settled_paused]
+    return Settled(
+        max((s for s in seen if s < UPDATE_SEQ_BASE), default=0),
+        frozenset(s for s in seen if s >= UPDATE_SEQ_BASE),
+    )

@@ -23,8 +23,8 @@ from runstream.engine.replay import (
     StepCall,
     replay,
 )
-from runstream.engine.rules import children, limits, pause, runs, steps
-from runstream.engine.rules.context import Rules
+from runstream.engine.rules import children, limits, pause, runs, steps, updates
+from runstream.engine.rules.context import Rules, settled
 from runstream.engine.state import RunState, RunView, State, Status
 from runstream.engine.work import Batch
 from runstream.engine.workflow import WorkflowDef
@@ -85,7 +85,8 @@ def advance(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int] = froze
         result = _replay(ctx, b, wf, st)
         for fact in result.new_facts:
             emit(b, st, fact)
-        if not _follow(ctx, b, st, result, relaunch):
+        handlers_go_on = result.updates and updates.follow(ctx, b, st, result, relaunch)
+        if not _follow(ctx, b, st, result, relaunch) and not handlers_go_on:
             return
 
 
@@ -108,13 +109,7 @@ def _history_full(ctx: Rules, b: Batch, st: RunState) -> bool:
 
 
 def _replay(ctx: Rules, b: Batch, wf: WorkflowDef, st: RunState) -> Replay:
-    # What was settled before this batch and still is (a retry reopens failed steps), and
-    # not while paused (the code sees that first now), is a replay to the interceptors.
-    before = b.runs[st.run_id].before if st.run_id in b.runs else st
-    old = before.resolved if isinstance(before, RunState) else {}
-    unseen = before.settled_paused if isinstance(before, RunState) else set()
-    settled = max((s for s in old if s in st.resolved and s not in unseen), default=0)
-    return ctx.replayer.replay(wf, st, b.now, ctx.activation(st.run_id), settled)
+    return ctx.replayer.replay(wf, st, b.now, ctx.activation(st.run_id), settled(b, st))
 
 
 def _follow(ctx: Rules, b: Batch, st: RunState, result: Replay, relaunch: frozenset[int]) -> bool:
@@ -222,10 +217,11 @@ def relaunch_forward(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int
     wf = ctx.registry.get(st.workflow, st.version)
     if wf is None or not any(s > 0 for s in relaunch):
         return
-    outcome = replay(wf, st, ctx.registry, b.now, ctx.activation(st.run_id)).outcome
-    match outcome:
-        case Blocked(StepCall(seq, step, args, headers=headers)) if seq in relaunch:
-            steps.run_step(ctx, b, st, seq, step, args, relaunch, headers=headers)
+    result = replay(wf, st, ctx.registry, b.now, ctx.activation(st.run_id))
+    for outcome in [result.outcome, *(o for _, o in result.updates)]:  # an update's step too
+        match outcome:
+            case Blocked(StepCall(seq, step, args, headers=headers)) if seq in relaunch:
+                steps.run_step(ctx, b, st, seq, step, args, relaunch, headers=headers)
 
 
 def compensate(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int] = frozenset()) -> None:
@@ -289,6 +285,8 @@ def emit(b: Batch, st: State, fact: Fact) -> None:
     ending = type(fact) in END_FACTS
     kids = children.children(st) if ending else []  # before the end clears pending
     permits = dict(st.permits) if ending else {}
+    if ending and st.updates:
+        updates.ended(b, st, fact)  # first: its updates in flight fail
     apply(st, fact)
     b.effects.facts.append(fact)
     ev = lifecycle.event(fact, st)

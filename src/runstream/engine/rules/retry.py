@@ -8,6 +8,7 @@ from runstream.engine.rules.context import Rejected, Rules
 from runstream.engine.state import RunState, Status
 from runstream.engine.work import Batch
 from runstream.schemas.records import (
+    UPDATE_SEQ_BASE,
     Reason,
     RetriedAsNew,
     Retry,
@@ -42,10 +43,13 @@ def retry(ctx: Rules, b: Batch, st: RunState, cmd: Retry) -> None:
             "on; start a new run with the corrected input instead",
         )
     last_completed = max(
-        (s for s, f in st.resolved.items() if isinstance(f, StepCompleted)), default=0
-    )
+        (s for s, f in st.resolved.items() if isinstance(f, StepCompleted) and s < UPDATE_SEQ_BASE),
+        default=0,
+    )  # the workflow's own: an update handler's seqs are above them, and its update ended
     failed = sorted(
-        s for s, f in st.resolved.items() if isinstance(f, StepFailed) and s > last_completed
+        s
+        for s, f in st.resolved.items()
+        if isinstance(f, StepFailed) and last_completed < s < UPDATE_SEQ_BASE
     )
     reason = ctx.limits.clip(cmd.reason or "retried")
     wf = ctx.registry.get(st.workflow, st.version)
