@@ -20,9 +20,11 @@ from runstream.errors import TerminalStepError
 from runstream.schemas.records import (
     Cancel,
     CompletePromise,
+    Pause,
     Reason,
     Retry,
     StartRun,
+    Unpause,
     Update,
     UpdateCode,
     UpdateReply,
@@ -417,4 +419,19 @@ def test_a_replay_starts_a_handler_where_it_was_accepted_even_at_a_promise_await
         c.decider.forget(["r"])
     c.command(CompletePromise("r", promise_id("r", 1), value=b"null"))
     assert payload.loads(c.state("r").output) == [0, 5]
+    clean(c, "r")
+
+
+def test_an_update_to_a_paused_run_is_refused_with_why_and_taken_after_the_unpause():
+    c = core()
+    c.start("r", "account", 100)
+    c.command(Pause("r", "audit", by="ops"))
+    before = len(c.journal)
+    (refused,) = update(c, "r", "withdraw", 30)
+    assert refused.stage == UpdateStage.REJECTED and refused.code == UpdateCode.NOT_RUNNING
+    assert "paused" in (refused.error or "") and "audit" in (refused.error or "")
+    assert len(c.journal) == before and not paid
+    c.command(Unpause("r"))
+    stages = [a.stage for a in update(c, "r", "withdraw", 30)]
+    assert stages == [UpdateStage.ACCEPTED, UpdateStage.COMPLETED] and paid == {30: 1}
     clean(c, "r")

@@ -130,6 +130,9 @@ def _cannot_take(ctx: Rules, st: RunState) -> tuple[UpdateCode, str] | None:
         return UpdateCode.RUN_ENDED, _ended(st)
     if st.status is Status.PARKED:
         return UpdateCode.NOT_RUNNING, f"run {st.run_id!r} is parked: {st.reason}"
+    if st.paused is not None:  # its code runs no handler till the unpause: ask again then
+        why = f"run {st.run_id!r} is paused ({st.paused.reason}, by {st.paused.by or 'someone'})"
+        return UpdateCode.NOT_RUNNING, why
     if st.compensation is not None:
         return UpdateCode.NOT_RUNNING, f"run {st.run_id!r} is compensating"
     if isinstance(st.pending.get(RUN_PERMIT_SEQ), PermitRequested):
