@@ -37,6 +37,7 @@ LAZY: dict[str, tuple[str, str, tuple[str, ...]]] = {
             "runs_ops:cancel_where",
             "queries_cmd:event",
             "queries_cmd:query",
+            "export_cmd:export",
         ),
     ),
     "versions": ("runs_cmd", "versions", ()),
