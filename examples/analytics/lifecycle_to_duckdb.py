@@ -13,7 +13,8 @@ table, one row per event, and three queries answer:
     python -m examples.analytics.lifecycle_to_duckdb -n analytics --db runs.duckdb
 
 The engine writes the topic in transactions: read it ``read_committed``. Records in
-another format (written before the switch to json) are skipped and counted.
+another format (written before the switch to json), and a foreign producer's JSON that is
+no lifecycle event, are skipped and counted.
 """
 
 from __future__ import annotations
@@ -125,16 +126,28 @@ def read_json_records(
                     pending.discard(msg.partition())
                     continue
                 raise RuntimeError(err)
-            value = msg.value()
-            if not value or value[:1] != b"{":
+            row = _event(msg.value())
+            if row is None:
                 skipped += 1
                 continue
-            row = json.loads(value)
             row["kafka_partition"], row["kafka_offset"] = msg.partition(), msg.offset()
             rows.append(row)
         return rows, skipped
     finally:
         consumer.close()
+
+
+def _event(value: bytes | None) -> dict[str, Any] | None:
+    """The JSON lifecycle event ``value`` holds; None for another format, or a foreign
+    producer's record that is no lifecycle event."""
+    if not value or value[:1] != b"{":
+        return None
+    try:
+        row = json.loads(value)
+    except ValueError:
+        return None
+    ok = isinstance(row, dict) and all(isinstance(row.get(k), str) for k in ("type", "run_id"))
+    return row if ok and isinstance(row.get("at_ms"), int) else None
 
 
 def load(db: duckdb.DuckDBPyConnection, rows: list[dict[str, Any]]) -> None:

@@ -13,12 +13,13 @@ from datetime import datetime
 import duckdb
 import pytest
 from click.testing import CliRunner
+from confluent_kafka import Producer
 
 import runstream
 from examples.analytics import lifecycle_to_duckdb as example
 from examples.analytics.app import make_app
 from runstream.cli.main import cli
-from runstream.topics.admin import ensure_topics
+from runstream.topics.admin import client_config, ensure_topics
 
 from .kit import PARTITIONS, ThreadWorker
 
@@ -108,6 +109,15 @@ def test_a_namespace_switched_from_avro_to_json_stays_readable_and_exports(
                 run_orders(client, range(1, 5), prefix)
         finally:
             worker.stop()
+    # a foreign producer's odd bytes in each format: skipped by every reader, never a stop
+    producer = Producer(client_config(kafka_bootstrap))
+    for odd in (
+        b'{"oops": true}',
+        b'{"type": "run.started", "run_id": 7}',
+        b"\x00\x00\x00\x00\x01?",
+    ):
+        producer.produce(f"{ns}.lifecycle", odd, b"a-order-1")
+    assert producer.flush(30) == 0
     common = ["-n", ns, "--bootstrap", kafka_bootstrap, "--cache-dir", str(tmp_path / "cache")]
 
     listed = invoke("runs", "list", *common, "--limit", "100", "--json")

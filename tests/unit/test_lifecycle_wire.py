@@ -67,7 +67,19 @@ def test_a_topic_that_changed_format_decodes_record_by_record():
     assert [lifecycle_wire.decode(CODEC, d) for d in mixed] == [STARTED, FAILED, STARTED]
 
 
-@pytest.mark.parametrize("data", [b"{", b"{}", b'{"type": 1}', b"[1]", b'{"run_id": "x"}'])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"{",
+        b"{}",
+        b"[1]",
+        b'{"run_id": "x"}',
+        b'{"type": 1, "run_id": "x", "at_ms": 1}',
+        b'{"type": "run.started", "run_id": 7, "at_ms": 1}',
+        b'{"type": "run.started", "run_id": "x", "at_ms": "soon"}',
+        b'{"type": "run.started", "run_id": "x", "at_ms": 1, "tags": {"a": 1}}',
+    ],
+)
 def test_a_foreign_json_record_that_is_no_lifecycle_event_is_a_decode_error(data):
     with pytest.raises(DecodeError):
         lifecycle_wire.decode(CODEC, data)

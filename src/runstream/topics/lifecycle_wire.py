@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any, Literal, get_args
 
 from runstream.engine import payload
-from runstream.errors import ConfigError, DecodeError
+from runstream.errors import ConfigError, DecodeError, SchemaError
 from runstream.schemas.codec import MAGIC, Codec
 from runstream.schemas.records import LifecycleEvent, Record
 
@@ -93,7 +93,12 @@ def decode(codec: Codec, data: bytes | None) -> Record:
         DecodeError: as `Codec.decode`, or ``"bad-json"``.
     """
     if data and data[0] == _JSON_OPEN:
-        return from_json(data)
+        ev = from_json(data)
+        try:  # the types the schema promises (a foreign producer's JSON may say otherwise)
+            codec.encode(ev)
+        except SchemaError as exc:
+            raise DecodeError("bad-json", f"not a lifecycle event: {exc}") from exc
+        return ev
     if data and data[0] == CONFLUENT_MAGIC and len(data) >= 5:
         return codec.decode(MAGIC + codec.fingerprint("LifecycleEvent") + data[5:])
     return codec.decode(data)
