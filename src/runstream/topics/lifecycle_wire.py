@@ -18,6 +18,7 @@ topic written in one format and then another stays readable.
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any, Literal, get_args
@@ -119,8 +120,13 @@ def register(url: str, topic: str, codec: Codec, timeout: float = 10.0) -> int:
         headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
         method="POST",
     )
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return int(json.load(response)["id"])
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return int(json.load(response)["id"])
+    except urllib.error.HTTPError as exc:
+        with exc:  # its body holds the connection open
+            said = exc.read(300).decode(errors="replace")
+        raise ValueError(f"HTTP {exc.code} {said}") from None
 
 
 def wire(fmt: str, schema_id: int | None = None) -> Wire | None:
