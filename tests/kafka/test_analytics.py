@@ -21,7 +21,7 @@ from examples.analytics.app import make_app
 from runstream.cli.main import cli
 from runstream.topics.admin import client_config, ensure_topics
 
-from .kit import PARTITIONS, ThreadWorker
+from .kit import PARTITIONS, ThreadWorker, kill, spawn_worker, terminate, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -160,3 +160,39 @@ def test_a_namespace_switched_from_avro_to_json_stays_readable_and_exports(
         "a-order-4",
         "j-order-4",
     ]
+
+
+def test_a_json_lifecycle_engine_sigkilled_mid_flight_writes_each_event_once(
+    kafka_bootstrap, ns, tmp_path
+):
+    """`runstream worker --lifecycle-format json` SIGKILLed while runs sleep and step, then
+    restarted: every run's events are JSON, one start and one end each, every step
+    completed once (an aborted transaction's records are never read committed)."""
+    ensure_topics(kafka_bootstrap, ns, PARTITIONS)
+    state, args = tmp_path / "state", ("--lifecycle-format", "json")
+    runs = [f"nap-{i}" for i in range(20)]
+    first = spawn_worker(kafka_bootstrap, ns, state, "w1", args=args)
+    try:
+        with runstream.Client(ns, kafka_bootstrap) as client:
+            for run_id in runs:
+                client.start("sleepy", 1.0, run_id=run_id)
+            wait_for(
+                lambda: client.get_run(runs[-1]).status == "running", timeout=60, what="a start"
+            )
+            kill(first)  # mid-flight: steps done or running, runs asleep
+            second = spawn_worker(kafka_bootstrap, ns, state, "w1", args=args)
+            try:
+                assert {client.result(r, timeout=120) for r in runs} == {"rested"}
+            finally:
+                assert terminate(second) == 0
+    finally:
+        if first.poll() is None:
+            kill(first)
+    rows, skipped = example.read_json_records(kafka_bootstrap, f"{ns}.lifecycle")
+    assert skipped == 0
+    for run_id in runs:
+        mine = [r for r in rows if r["run_id"] == run_id]
+        kinds = [r["type"] for r in mine]
+        assert kinds.count("run.started") == 1 and kinds.count("run.completed") == 1
+        done = [r["seq"] for r in mine if r["type"] == "step.completed"]
+        assert sorted(done) == sorted(set(done)) and len(done) == 3
