@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 from pydantic.fields import FieldInfo
@@ -166,6 +166,18 @@ class Settings(BaseSettings):
         True,
         description="End the process when a Kafka call or workflow code hangs, so the "
         "supervisor restarts it (turn off only for engines on a thread of a bigger program).",
+    )
+
+    lifecycle_format: Literal["avro", "json", "avro-registry"] = Field(
+        "avro",
+        description="How lifecycle events are written to <ns>.lifecycle: avro (single-object), "
+        "json (one object per record) or avro-registry (Confluent wire format; needs "
+        "schema_registry_url). Readers read all three, record by record.",
+    )
+    schema_registry_url: str | None = Field(
+        None,
+        description="The Confluent-compatible Schema Registry where the engine registers the "
+        "lifecycle schema at start (lifecycle_format avro-registry).",
     )
 
     @classmethod

@@ -41,6 +41,7 @@ from runstream.schemas.codec import Codec
 from runstream.schemas.records import END_FACTS, LIMIT_PREFIX, StepHandedOver
 from runstream.settings import Settings
 from runstream.supervisor import stop_on_signals
+from runstream.topics import lifecycle_wire
 from runstream.topics.base import EngineLog
 from runstream.topics.kafka import open_engine_log
 from runstream.topics.outbox import Committed, commit
@@ -82,6 +83,7 @@ class Worker:
         self._taken_ms: dict[int, int] = {}  # partition -> timestamp of the last command taken
         self._log = log
         self._decider: Decider | None = None
+        self._lifecycle: lifecycle_wire.Wire | None = None  # set at connect (a registry id)
         self._owned = Partitions(self.state_dir, self.codec)
         self._inbox = Inbox()
         self._waiters = Waiters()
@@ -133,6 +135,10 @@ class Worker:
     def _connect(self) -> EngineLog | None:
         """The log, started; None when stopped first (Kafka may be away for a while)."""
         self._set_status("connecting")
+        s = self.settings  # registered before anything is written in that format
+        self._lifecycle = lifecycle_wire.for_engine(
+            s.lifecycle_format, s.schema_registry_url, self.topics.lifecycle, self.codec
+        )
         self._log = self._log or open_engine_log(
             self.settings,
             self.topics,
@@ -300,7 +306,9 @@ class Worker:
             return None
         answered = self._waiters.answer(b, decider.run_info)
         decided_at = time.perf_counter()
-        written = commit(engine_log, b, self.topics, self.codec, self._owned.position)
+        written = commit(
+            engine_log, b, self.topics, self.codec, self._owned.position, self._lifecycle
+        )
         committed_at = time.perf_counter()
         if written is None:
             self._redo(engine_log, b, items, started, decided)

@@ -40,6 +40,7 @@ LAZY: dict[str, tuple[str, str, tuple[str, ...]]] = {
             "pause_cmd:unpause",
             "update_cmd:update",
             "queries_cmd:query",
+            "export_cmd:export",
         ),
     ),
     "versions": ("runs_cmd", "versions", ()),

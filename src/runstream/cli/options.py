@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import click
 
@@ -90,6 +90,8 @@ ENGINE_FIELDS = (
     "connect_timeout",
     "metrics_port",
     "metrics_host",
+    "lifecycle_format",
+    "schema_registry_url",
 )
 _RENAMED = {"instance_id": "instance", "step_concurrency": "concurrency"}
 
@@ -137,6 +139,8 @@ def _setting_option(name: str) -> Callable[[F], F]:
     ptype: Any = {int: int, float: float, Path: click.Path(path_type=Path)}.get(kind)  # type: ignore[arg-type]
     if kind == int | None:
         ptype = int
+    if get_origin(kind) is Literal:
+        ptype = click.Choice(get_args(kind))
     return click.option(flag, name, type=ptype, default=None, help=field.description)
 
 

@@ -31,6 +31,7 @@ from runstream.projections.runs import CatchUp, RunQuery, RunRow, RunsModel
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import LifecycleEvent, Record, Status
 from runstream.settings import Settings
+from runstream.topics import lifecycle_wire
 from runstream.topics.spec import Topics
 
 #: Show a progress bar when a catch-up has more lifecycle records than this to read.
@@ -266,7 +267,7 @@ def tail(
         for records, _ in source.read(start, follow=True):
             for rec in records:
                 try:
-                    ev = codec.decode(rec.value)
+                    ev = lifecycle_wire.decode(codec, rec.value)
                 except DecodeError:
                     continue
                 if not isinstance(ev, LifecycleEvent):

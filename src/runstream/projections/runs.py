@@ -47,6 +47,7 @@ from runstream.errors import DecodeError
 from runstream.projections.store import key_range
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import TERMINAL, Kind, LifecycleEvent, Status, run_id_problem
+from runstream.topics import lifecycle_wire
 
 log = logging.getLogger("runstream.projections")
 
@@ -300,7 +301,7 @@ class RunsModel:
         sets: dict[bytes, EventRow] = {}  # the newest value of each (run, key) read here
         for rec in records:
             try:
-                ev = self.codec.decode(rec.value)
+                ev = lifecycle_wire.decode(self.codec, rec.value)  # any format
                 if not isinstance(ev, LifecycleEvent):
                     raise DecodeError("not-a-lifecycle-event", f"{ev.AVRO} record")
                 if problem := run_id_problem(ev.run_id):
@@ -370,7 +371,8 @@ class RunsModel:
         """The run's lifecycle events, in order."""
         run = run_id.encode()
         values = self._range(b"e" + run + b"\x00", b"e" + run + b"\x01", values=True)
-        return [ev for v in values if isinstance(ev := self.codec.decode(v[1]), LifecycleEvent)]
+        events = (lifecycle_wire.decode(self.codec, v[1]) for v in values)  # any format
+        return [ev for ev in events if isinstance(ev, LifecycleEvent)]
 
     def find(self, query: RunQuery, limit: int = 20, after: str | None = None) -> Page:
         """Runs matching ``query``, newest first; ``after`` is a previous page's ``after``."""

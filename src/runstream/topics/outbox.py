@@ -17,6 +17,7 @@ from runstream.engine.partitioner import partition_for
 from runstream.engine.work import Batch
 from runstream.schemas.codec import Codec
 from runstream.topics.base import EngineLog, TransactionAborted
+from runstream.topics.lifecycle_wire import Wire
 from runstream.topics.spec import Topics
 
 log = logging.getLogger("runstream.worker")
@@ -36,10 +37,11 @@ class Out(NamedTuple):
 
 
 def outbox(
-    b: Batch, topics: Topics, codec: Codec, partitions: int
+    b: Batch, topics: Topics, codec: Codec, partitions: int, lifecycle: Wire | None = None
 ) -> tuple[list[Out], dict[str, list[bytes]]]:
     """The records of ``b``, and each run's facts as encoded (the projection stores them).
-    The decision guard encoded most of them already (`engine.decide`): each is encoded once."""
+    The decision guard encoded most of them already (`engine.decide`): each is encoded once.
+    ``lifecycle`` rewrites lifecycle events in the namespace's format (`lifecycle_wire`)."""
     fx = b.effects
     fx.encode(codec.encode)  # what no decision produced: the replies to waiters, ...
     wire = fx.encoded
@@ -52,6 +54,7 @@ def outbox(
         headers = tuple(record_headers(task.headers))  # traceparent, for any consumer
         out.append(Out(topics.tasks(task.group), None, task.run_id.encode(), data, headers))
     for ev, data in zip(fx.lifecycle, wire.lifecycle, strict=True):
+        data = data if lifecycle is None else lifecycle(ev, data)
         out.append(Out(topics.lifecycle, b.partition_of(ev.run_id), ev.run_id.encode(), data))
     for cmd, data in zip(fx.commands, wire.commands, strict=True):
         key = cmd.run_id.encode()
@@ -72,12 +75,13 @@ def commit(
     topics: Topics,
     codec: Codec,
     position: Callable[[int], int],
+    lifecycle: Wire | None = None,
 ) -> Committed | None:
     """Produce everything ``b`` decided and commit it with the consumed offsets, in one
     transaction; None when it did not commit (aborted, or its outcome was unknown and it
     turned out not to have committed): the batch is then redone.
     ``position(p)`` is the next command offset of an owned partition ``b`` did not consume."""
-    records, encoded = outbox(b, topics, codec, engine_log.partitions)
+    records, encoded = outbox(b, topics, codec, engine_log.partitions, lifecycle)
     journal = {b.partition_of(f.run_id) for f in b.effects.facts}
     try:
         engine_log.begin(journal)

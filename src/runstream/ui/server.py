@@ -45,6 +45,7 @@ from runstream.projections.store import key_range
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import LifecycleEvent, Record, RunCancelled, RunCompleted, Status
 from runstream.settings import Settings
+from runstream.topics import lifecycle_wire
 from runstream.topics.admin import client_config
 from runstream.topics.catchup import PartitionReader
 from runstream.topics.spec import Topics
@@ -81,7 +82,7 @@ class _Tap:
             yield records, positions  # the model applies them first
             for rec in records:
                 try:
-                    ev = self.codec.decode(rec.value)
+                    ev = lifecycle_wire.decode(self.codec, rec.value)
                 except DecodeError:
                     continue
                 if isinstance(ev, LifecycleEvent):
