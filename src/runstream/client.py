@@ -400,11 +400,14 @@ class Client:
         finish; what comes meanwhile is recorded and reaches the code then). A cancel
         and its execution timeout still end it. A pause of a paused or ended run changes
         nothing; ``by`` (default ``user@host``) and ``reason`` go into its history."""
-        self._send(Pause(run_id, reason, by=by or who(), sent_at_ms=_now_ms()), wait)
+        pid = uuid.uuid4().hex  # a retry of this send changes nothing more
+        self._send(Pause(run_id, reason, by=by or who(), sent_at_ms=_now_ms(), pause_id=pid), wait)
 
     def unpause(self, run_id: str, *, reason: str = "", by: str = "", wait: bool = True) -> None:
         """Let a paused run go on; a run that is not paused stays as it is."""
-        self._send(Unpause(run_id, reason, by=by or who(), sent_at_ms=_now_ms()), wait)
+        pid = uuid.uuid4().hex
+        cmd = Unpause(run_id, reason, by=by or who(), sent_at_ms=_now_ms(), pause_id=pid)
+        self._send(cmd, wait)
 
     # -- updates (docs/guides/updates.md) ---------------------------------------------
     def update(

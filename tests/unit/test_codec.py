@@ -328,10 +328,10 @@ FIELDS = {
     ],
     "QueryAnswer": ["request_id", "run_id", "found", "value", "error"],
     "Event": ["name", "payload", "event_id"],
-    "Pause": ["run_id", "reason", "by", "sent_at_ms"],
-    "Unpause": ["run_id", "reason", "by", "sent_at_ms"],
-    "RunPaused": [*_FACT, "reason", "by"],
-    "RunUnpaused": [*_FACT, "reason", "by"],
+    "Pause": ["run_id", "reason", "by", "sent_at_ms", "pause_id"],
+    "Unpause": ["run_id", "reason", "by", "sent_at_ms", "pause_id"],
+    "RunPaused": [*_FACT, "reason", "by", "pause_id"],
+    "RunUnpaused": [*_FACT, "reason", "by", "pause_id"],
 }
 
 

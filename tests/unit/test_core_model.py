@@ -535,6 +535,7 @@ class CoreModel(RuleBasedStateMachine):
         self.events = 0
         self.signals = 0
         self.retries = 0
+        self.pauses = 0
         self.completions: list[CompletePromise] = []
         self.updates: list[Update] = []
         # The model dead-letters many commands on purpose (cancels of unknown runs, late
@@ -613,9 +614,14 @@ class CoreModel(RuleBasedStateMachine):
     @precondition(lambda self: self.started and "pause" not in EXCLUDE)
     @rule(i=INDEX, unpause=hs.booleans())
     def pause(self, i: int, unpause: bool) -> None:
-        """An operator pauses a run, or unpauses it (either may be a duplicate)."""
-        target = self._pick(self._known(), i)
-        self.shell.send(Unpause(target, "by the model") if unpause else Pause(target, "model"))
+        """An operator pauses a run, or unpauses it (either may be a duplicate of a
+        pause or unpause recorded already: `deliver_twice` sends the same command)."""
+        target, self.pauses = self._pick(self._known(), i), self.pauses + 1
+        pid = f"p{self.pauses}"
+        cmd = (
+            Unpause(target, "model", pause_id=pid) if unpause else Pause(target, "m", pause_id=pid)
+        )
+        self.shell.send(cmd)
 
     @precondition(lambda self: self.started)
     @rule(i=INDEX, reject=hs.booleans(), again=hs.booleans(), anyone=hs.booleans())

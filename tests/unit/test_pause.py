@@ -324,3 +324,22 @@ def test_the_audit_names_code_that_ran_while_the_run_was_paused():
     assert any("is a new operation while the run is paused" in p for p in map(str, problems))
     ok = [*facts[:1], paused, RunUnpaused("r", core.now, reason="", by=""), *facts[1:]]
     assert check_run(ok, expect_finished=False) == []
+
+
+def test_a_pause_sent_again_after_a_timeout_ended_it_changes_nothing():
+    """The duplicate (a client's retry, the same pause id) of a pause the run's timeout has
+    ended meanwhile must not pause the compensating run again; a new pause does."""
+    core = _core()
+    core.start("r", "timed", 1)
+    pause = Pause("r", "hold", by="ops", pause_id="p1")
+    core.command(pause)
+    core.auto_run_steps = False  # the compensation's step stays in flight
+    core.now += 600_000
+    core.handle(TimerDue(0, "r", DEADLINE_SEQ))  # the run timeout ends the pause
+    st = core.state("r")
+    assert st.paused is None and st.status == "compensating"
+    facts = len(core.journal)
+    core.command(pause)
+    assert len(core.journal) == facts, core.names("r")[-2:]
+    core.command(Pause("r", "hold", by="ops", pause_id="p2"))  # a new pause still does
+    assert core.state("r").paused is not None

@@ -207,8 +207,10 @@ def _run(state: RunState, fact: Fact) -> None:
             _settle(state, fact)
         case RunPaused():  # `rules.pause`: facts still come; no code runs till unpaused
             state.paused, state.status = fact, Status.PAUSED
+            state.pause_ids.add(fact.pause_id)
         case RunUnpaused():  # the unpause's batch still reads them from its state before
             state.paused, state.settled_paused = None, set()
+            state.pause_ids.add(fact.pause_id)
             state.status = Status.RUNNING if state.compensation is None else Status.COMPENSATING
         case UpdateAccepted():
             state.updates[fact.update_id] = fact

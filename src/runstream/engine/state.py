@@ -110,6 +110,7 @@ class RunState:
     paused: RunPaused | None = None  # while paused (status PAUSED): who, why, since when
     # seqs settled while paused: the code first sees them at the unpause (is_replaying)
     settled_paused: set[int] = field(default_factory=set)
+    pause_ids: set[str] = field(default_factory=set)  # Pause/Unpause ids recorded: dedupe
     output: bytes | None = None
     error: str | None = None
     reason: str | None = None
@@ -147,6 +148,7 @@ class RunState:
             retry_ids=set(self.retry_ids),
             recovery_starts=set(self.recovery_starts),
             settled_paused=set(self.settled_paused),
+            pause_ids=set(self.pause_ids),
             beats=dict(self.beats),
             permits=dict(self.permits),
             promises=dict(self.promises),

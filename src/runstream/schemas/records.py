@@ -489,6 +489,7 @@ class Pause(Record):
     _: KW_ONLY
     by: str = ""  # who asked (an operator, a host): recorded on RunPaused
     sent_at_ms: int = 0
+    pause_id: str = ""  # idempotency: the same id again changes nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,6 +499,7 @@ class Unpause(Record):
     _: KW_ONLY
     by: str = ""
     sent_at_ms: int = 0
+    pause_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -906,6 +908,7 @@ class RunPaused(Record):
     _: KW_ONLY
     reason: str
     by: str
+    pause_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -915,6 +918,7 @@ class RunUnpaused(Record):
     _: KW_ONLY
     reason: str
     by: str
+    pause_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,18 +27,18 @@ from runstream.schemas.records import Pause, Reason, RunPaused, RunUnpaused, Unp
 
 def pause(ctx: Rules, b: Batch, st: RunState, cmd: Pause) -> None:
     """Pause the run (a fact: who, why); its code stops at its next activation."""
-    if not _open(b, st, cmd) or st.paused is not None:
+    if not _open(b, st, cmd) or st.paused is not None or _again(st, cmd):
         return
-    reason = ctx.limits.clip(cmd.reason or "paused")
-    core.emit(b, st, RunPaused(st.run_id, b.now, reason=reason, by=ctx.limits.clip(cmd.by)))
+    reason, by = ctx.limits.clip(cmd.reason or "paused"), ctx.limits.clip(cmd.by)
+    core.emit(b, st, RunPaused(st.run_id, b.now, reason=reason, by=by, pause_id=cmd.pause_id))
 
 
 def unpause(ctx: Rules, b: Batch, st: RunState, cmd: Unpause) -> None:
     """Let a paused run go on: its code replays what was recorded meanwhile."""
-    if not _open(b, st, cmd) or st.paused is None:
+    if not _open(b, st, cmd) or st.paused is None or _again(st, cmd):
         return
-    reason = ctx.limits.clip(cmd.reason or "unpaused")
-    core.emit(b, st, RunUnpaused(st.run_id, b.now, reason=reason, by=ctx.limits.clip(cmd.by)))
+    reason, by = ctx.limits.clip(cmd.reason or "unpaused"), ctx.limits.clip(cmd.by)
+    core.emit(b, st, RunUnpaused(st.run_id, b.now, reason=reason, by=by, pause_id=cmd.pause_id))
     core.advance(ctx, b, st)
 
 
@@ -62,3 +62,10 @@ def _open(b: Batch, st: RunState, cmd: Pause | Unpause) -> bool:
         b.effects.commands.append(replace(cmd, run_id=st.continued_as))
         return False
     return not st.terminal
+
+
+def _again(st: RunState, cmd: Pause | Unpause) -> bool:
+    """A command this run recorded already (a client's retry, a redelivery): after the
+    pause it started has ended (an unpause, a timeout), the same pause must not start
+    another. Commands without an id are not told apart."""
+    return bool(cmd.pause_id) and cmd.pause_id in st.pause_ids
