@@ -18,18 +18,20 @@ from runstream.interceptors import (
     ContinueAsNewInput,
     ExecuteInput,
     Interceptor,
+    QueryInput,
     SignalInput,
     SleepInput,
     StepBody,
     StepBodyInput,
     StepInput,
+    UpdateInput,
     WorkflowInbound,
     WorkflowOutbound,
     kafka_headers,
     outgoing_headers,
 )
 from runstream.runtime.steps import execute
-from runstream.schemas.records import Pause, StartRun, Unpause, Update
+from runstream.schemas.records import LiveQuery, Pause, QueryAnswer, StartRun, Unpause, Update
 
 from .corehelp import Core
 
@@ -66,6 +68,20 @@ async def remote(ctx: Any, x: int) -> int:
     return int(await ctx.step(far, x))
 
 
+async def counter(ctx: Any, n: int) -> int:
+    """Takes updates "add" (each a step) and answers query "total"; ends on signal "stop"."""
+    total = [n]
+
+    async def add(k: int) -> int:
+        total[0] += await ctx.step(double, k)
+        return total[0]
+
+    ctx.update_handler("add", add)
+    ctx.query_handler("total")(lambda: total[0])
+    await ctx.wait_for_signal("stop")
+    return total[0]
+
+
 async def looping(ctx: Any, n: int) -> int:
     await ctx.step(double, n)
     if n < 1:
@@ -94,6 +110,14 @@ class Recorder(Interceptor):
             def signal(self, input: SignalInput) -> Any:
                 rec.log.append((rec.name, f"signal {input.name}", input.is_replaying))
                 return self.next.signal(input) + 1  # an inbound link may change the payload
+
+            async def update(self, input: UpdateInput) -> Any:
+                rec.log.append((rec.name, f"update {input.name}", input.is_replaying))
+                return await self.next.update(input) * 10  # and a handler's result
+
+            def query(self, input: QueryInput) -> Any:
+                rec.log.append((rec.name, f"query {input.name}", False))
+                return self.next.query(input)
 
         return In(next)
 
@@ -128,7 +152,7 @@ class Recorder(Interceptor):
 
 def registry(*interceptors: Interceptor) -> Registry:
     reg = Registry()
-    for wf in (saga, kid, failing, remote, looping):
+    for wf in (saga, kid, failing, remote, looping, counter):
         reg.add_workflow(workflow_def(wf))
     reg.add_step(step_def(far, StepPolicy(group="far"), None))
     reg.interceptors.extend(interceptors)
@@ -424,3 +448,28 @@ def test_an_update_refused_while_a_step_runs_keeps_that_step_live_to_interceptor
     core.command(Update("r", "bump", update_id="u1", arg=payload.dumps(1), reply_to="c"))
     core.run_step(core.queued.pop(0))
     assert [r for _, what, r in log if what == "stepped double r"] == [False]
+
+
+def test_updates_and_queries_pass_through_the_inbound_links() -> None:
+    """An update's handler and a live query's handler each go through the inbound chain,
+    outermost first; the update's handler is live once, then a replay."""
+    log: list[tuple[str, str, bool]] = []
+    core = Core(registry(Recorder("a", log), Recorder("b", log)))
+    start(core, "r", "counter", 1)
+    core.command(Update("r", "add", update_id="u1", arg=payload.dumps(2), reply_to="c"))
+    (done,) = [a for _, a in core.replies if getattr(a, "stage", "") == "completed"]
+    assert payload.loads(done.output) == 500  # 1 + 2 * 2, then * 10 by each link
+    updates = [(name, r) for name, what, r in log if what == "update add"]
+    assert updates[:2] == [("a", False), ("b", False)]
+    core.decider.forget(["r"])
+    core.signal("r", "stop", 0)  # a replay from the start runs the handler again
+    assert [r for name, what, r in log if what == "update add" and name == "a"][-1] is True
+    assert payload.loads(core.state("r").output) == 5  # the workflow's own total
+    log.clear()
+    core.command(LiveQuery("r", "q1", reply_to="me", name="total", arg=b"null"))
+    (answer,) = [a for _, a in core.replies if isinstance(a, QueryAnswer)]
+    assert payload.loads(answer.value) == 5
+    assert [(n, w) for n, w, _ in log if w.startswith("query")] == [
+        ("a", "query total"),
+        ("b", "query total"),
+    ]

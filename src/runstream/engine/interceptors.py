@@ -92,6 +92,31 @@ class ActivationInput:
 
 
 @dataclass(slots=True)
+class UpdateInput:
+    """An accepted update reaching its handler (`Context.update_handler`): started once
+    per activation that replays the run from the start, live (not ``is_replaying``) the
+    first time."""
+
+    run_id: str
+    update_id: str
+    name: str
+    arg: Any
+    headers: Mapping[str, str]
+    is_replaying: bool
+    run_attempt: int = 1
+
+
+@dataclass(slots=True)
+class QueryInput:
+    """A live query reaching its handler (`Context.query_handler`); never recorded."""
+
+    run_id: str
+    name: str
+    arg: Any
+    headers: Mapping[str, str]
+
+
+@dataclass(slots=True)
 class SignalInput:
     """A signal reaching the code (`Context.wait_for_signal` returns its payload)."""
 
@@ -226,9 +251,9 @@ def tell_ended(interceptors: Sequence[Interceptor], run: RunEndedInput) -> None:
 
 
 class WorkflowInbound:
-    """Into the workflow code. Subclass it, override what you need, call ``self.next``.
-    (An inbound method per kind of call into a run: an ``update`` or a ``query`` is one
-    more method here and one in the engine's last link.)"""
+    """Into the workflow code. Subclass it, override what you need, call ``self.next``:
+    one method per kind of call into a run (its execution, an activation, a signal, an
+    update's handler, a live query's handler)."""
 
     def __init__(self, next: WorkflowInbound) -> None:
         self.next = next
@@ -243,6 +268,14 @@ class WorkflowInbound:
     def signal(self, input: SignalInput) -> Any:
         """Returns the payload the code gets."""
         return self.next.signal(input)
+
+    async def update(self, input: UpdateInput) -> Any:
+        """Runs the update's handler; returns its result."""
+        return await self.next.update(input)
+
+    def query(self, input: QueryInput) -> Any:
+        """Runs the query's handler; returns its answer."""
+        return self.next.query(input)
 
 
 class WorkflowOutbound:

@@ -34,9 +34,11 @@ from runstream.engine.interceptors import (
     ChildInput,
     ContinueAsNewInput,
     ExecuteInput,
+    QueryInput,
     SignalInput,
     SleepInput,
     StepInput,
+    UpdateInput,
     WorkflowInbound,
     WorkflowOutbound,
     chain,
@@ -751,7 +753,7 @@ class Context:
                     self.run_id, accepted.anchor, f"update {accepted.name}", "no such handler"
                 )
                 raise _Abort(NonDeterministic(err))
-            self._drive(h, handler.fn, accepted.arg)
+            self._drive(h, accepted.arg)
 
     def _resume_handlers(self) -> None:
         """Resume the handlers that wait, after the workflow's code suspended or ended."""
@@ -759,18 +761,19 @@ class Context:
             if isinstance(h.outcome, Blocked):
                 self._drive(h)
 
-    def _drive(
-        self, h: _HandlerRun, fn: Callable[[Any], Any] | None = None, arg: bytes = b"null"
-    ) -> None:
-        """Run handler ``h`` (started as ``fn(arg)``) until it waits or ends: its outcome."""
+    def _drive(self, h: _HandlerRun, arg: bytes | None = None) -> None:
+        """Run handler ``h`` (started with ``arg``, the first time) until it waits or ends:
+        its outcome."""
         prev, self._current = self._current, h
         try:
-            if fn is not None:
-                coro = fn(payload.loads(arg))
-                if not isinstance(coro, Coroutine):  # a plain function: its value
-                    h.outcome = Completed(coro)
-                    return
-                h.coro = coro
+            if arg is not None:  # through the inbound links to the handler
+                a = h.accepted
+                again = a.update_id in self._state.update_results or self.is_replaying
+                start = UpdateInput(
+                    self.run_id, a.update_id, a.name, payload.loads(arg), self.headers, again,
+                    self._state.retries + 1,
+                )  # fmt: skip
+                h.coro = self._inbound.update(start)
             if h.coro is None:
                 return
             yielded = h.coro.send(None)
@@ -885,6 +888,14 @@ class _Inbound(WorkflowInbound):
     def signal(self, input: SignalInput) -> Any:
         return input.payload
 
+    async def update(self, input: UpdateInput) -> Any:
+        result = self._live.ctx._update_handlers[input.name].fn(input.arg)
+        return await result if isinstance(result, Coroutine) else result  # or a plain value
+
+    def query(self, input: QueryInput) -> Any:
+        fn = self._live.ctx._queries[input.name]
+        return fn(input.arg) if inspect.signature(fn).parameters else fn()
+
 
 @dataclass(frozen=True, slots=True)
 class Settled:
@@ -950,8 +961,7 @@ def query(
         ctx._querying = True
         try:
             with guard():
-                takes = bool(inspect.signature(fn).parameters)
-                return fn(arg) if takes else fn()
+                return ctx._inbound.query(QueryInput(state.run_id, name, arg, ctx.headers))
         except Overrun:
             raise QueryFailed(f"query {name!r} ran past its time budget") from None
         except BaseException as exc:  # user code, as in `replay`
