@@ -290,3 +290,25 @@ def owns(state, ns: str, instance: str) -> list[int]:
     except (OSError, ValueError):
         return []
     return health["partitions"] if health["status"] == "running" else []
+
+
+def client_or_none(ns: str, bootstrap: str) -> runstream.Client | None:
+    """A Client of ``ns``, or None while its topics do not exist yet (for `wait_for`)."""
+    try:
+        return runstream.Client(ns, bootstrap)
+    except runstream.RunstreamError:
+        return None
+
+
+def journal_facts(bootstrap: str, ns: str, run_id: str) -> list[Any]:
+    """The committed journal facts of ``run_id``, decoded, in order."""
+    codec = Codec.default()
+    return [
+        codec.decode(msg.value())
+        for _, rec, msg in read_topic(bootstrap, f"{ns}.journal", timeout=30)
+        if rec.get("run_id") == run_id
+    ]
+
+
+def fact_names(bootstrap: str, ns: str, run_id: str) -> list[str]:
+    return [type(f).__name__ for f in journal_facts(bootstrap, ns, run_id)]

@@ -15,10 +15,21 @@ from click.testing import CliRunner
 import runstream
 from runstream.audit import check_run
 from runstream.cli.main import cli
-from runstream.schemas.codec import Codec
 
 from .flows import make_app
-from .kit import PARTITIONS, ThreadWorker, kill, owns, read_topic, spawn_worker, terminate, wait_for
+from .kit import (
+    PARTITIONS,
+    ThreadWorker,
+    client_or_none,
+    fact_names,
+    journal_facts,
+    kill,
+    owns,
+    read_topic,
+    spawn_worker,
+    terminate,
+    wait_for,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -28,30 +39,10 @@ def engine(kafka_bootstrap, ns, tmp_path, monkeypatch):
     """One engine instance on a thread, with .client."""
     monkeypatch.setenv("RUNSTREAM_TEST_STEP_LOG", str(tmp_path / "steps.log"))
     worker = ThreadWorker(make_app(ns, kafka_bootstrap), tmp_path / "state")
-    client = wait_for(lambda: _client(ns, kafka_bootstrap), what="the worker's topics")
+    client = wait_for(lambda: client_or_none(ns, kafka_bootstrap), what="the worker's topics")
     yield SimpleNamespace(client=client, log=tmp_path / "steps.log")
     client.close()
     worker.stop()
-
-
-def _client(ns: str, bootstrap: str) -> runstream.Client | None:
-    try:
-        return runstream.Client(ns, bootstrap)
-    except runstream.RunstreamError:
-        return None
-
-
-def _facts(bootstrap: str, ns: str, run_id: str) -> list:
-    codec = Codec.default()
-    return [
-        codec.decode(msg.value())
-        for _, rec, msg in read_topic(bootstrap, f"{ns}.journal", timeout=30)
-        if rec.get("run_id") == run_id
-    ]
-
-
-def _names(bootstrap: str, ns: str, run_id: str) -> list[str]:
-    return [type(f).__name__ for f in _facts(bootstrap, ns, run_id)]
 
 
 def _invoke(*args: str):
@@ -63,11 +54,11 @@ def test_a_paused_run_finishes_its_step_in_flight_and_starts_no_other_until_unpa
 ):
     client = engine.client
     client.start("shifts", 2.0, run_id="s")  # 2 s a step: the pause comes during step 1
-    wait_for(lambda: "StepStarted" in _names(kafka_bootstrap, ns, "s"), what="step 1 to start")
+    wait_for(lambda: "StepStarted" in fact_names(kafka_bootstrap, ns, "s"), what="step 1 to start")
     client.pause("s", reason="carrier incident", by="ops")
     facts = wait_for(
         lambda: (
-            (f := _facts(kafka_bootstrap, ns, "s"))
+            (f := journal_facts(kafka_bootstrap, ns, "s"))
             and type(f[-1]).__name__ == "StepCompleted"
             and f
         ),
@@ -81,7 +72,7 @@ def test_a_paused_run_finishes_its_step_in_flight_and_starts_no_other_until_unpa
     assert client.get_run("s").status == "paused"
     client.unpause("s")
     assert client.result("s", timeout=60) == 6
-    facts = _facts(kafka_bootstrap, ns, "s")
+    facts = journal_facts(kafka_bootstrap, ns, "s")
     assert [f.seq for f in facts if type(f).__name__ == "StepStarted"] == [1, 2, 3]
     assert check_run(facts) == []
 
@@ -93,30 +84,30 @@ def test_the_pause_survives_a_sigkill_of_the_owner_and_the_signal_sent_meanwhile
     state.mkdir()
     worker = spawn_worker(kafka_bootstrap, ns, state, "w1", log)
     try:
-        client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
+        client = wait_for(lambda: client_or_none(ns, kafka_bootstrap), what="topics")
         wait_for(lambda: len(owns(state, ns, "w1")) == PARTITIONS, what="w1 to own all")
         client.start("approval", run_id="a")
-        wait_for(lambda: "SignalAwaited" in _names(kafka_bootstrap, ns, "a"), what="the wait")
+        wait_for(lambda: "SignalAwaited" in fact_names(kafka_bootstrap, ns, "a"), what="the wait")
         client.pause("a", reason="hold")
-        wait_for(lambda: "RunPaused" in _names(kafka_bootstrap, ns, "a"), what="the pause")
+        wait_for(lambda: "RunPaused" in fact_names(kafka_bootstrap, ns, "a"), what="the pause")
         kill(worker)
         client.signal("a", "approve", "ann", signal_id="sig-1")  # no engine runs now
         client.signal("a", "approve", "bob", signal_id="sig-1")  # a resend: counts once
         worker = spawn_worker(kafka_bootstrap, ns, state, "w1", log)
         wait_for(
-            lambda: "SignalReceived" in _names(kafka_bootstrap, ns, "a"),
+            lambda: "SignalReceived" in fact_names(kafka_bootstrap, ns, "a"),
             timeout=90,
             what="the signal recorded by the new process",
         )
         assert client.get_run("a", timeout=30).status == "paused"  # the pause survived
-        assert "RunCompleted" not in _names(kafka_bootstrap, ns, "a")
+        assert "RunCompleted" not in fact_names(kafka_bootstrap, ns, "a")
         client.unpause("a", reason="go")
         assert client.result("a", timeout=60) == {"approved": True, "by": "ann"}
         client.close()
     finally:
         if worker.poll() is None:
             terminate(worker)
-    facts = _facts(kafka_bootstrap, ns, "a")
+    facts = journal_facts(kafka_bootstrap, ns, "a")
     names = [type(f).__name__ for f in facts]
     assert names.count("SignalReceived") == 1 and names.count("RunCompleted") == 1
     assert names.index("RunUnpaused") < names.index("RunCompleted")
@@ -172,7 +163,7 @@ def test_a_cancel_of_a_paused_run_cancels_it_and_a_pause_after_its_end_changes_n
 ):
     client = engine.client
     client.start("approval", run_id="c")
-    wait_for(lambda: "SignalAwaited" in _names(kafka_bootstrap, ns, "c"), what="the wait")
+    wait_for(lambda: "SignalAwaited" in fact_names(kafka_bootstrap, ns, "c"), what="the wait")
     client.pause("c")
     client.cancel("c", reason="not needed")
     with pytest.raises(runstream.RunCancelled):
@@ -181,7 +172,7 @@ def test_a_cancel_of_a_paused_run_cancels_it_and_a_pause_after_its_end_changes_n
     client.unpause("c")
     # Its question goes after them on the run's partition: answered, they were decided.
     assert client.get_run("c").status == "cancelled"
-    names = _names(kafka_bootstrap, ns, "c")
+    names = fact_names(kafka_bootstrap, ns, "c")
     assert names == ["RunStarted", "SignalAwaited", "RunPaused", "RunCancelled"]
-    assert check_run(_facts(kafka_bootstrap, ns, "c")) == []
+    assert check_run(journal_facts(kafka_bootstrap, ns, "c")) == []
     assert read_topic(kafka_bootstrap, f"{ns}.dlq", timeout=5) == []

@@ -20,10 +20,20 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 import runstream
 from runstream.audit import check_run
 from runstream.cli.main import cli
-from runstream.schemas.codec import Codec
 
 from .flows import make_app
-from .kit import PARTITIONS, ThreadWorker, kill, owns, read_topic, spawn_worker, terminate, wait_for
+from .kit import (
+    PARTITIONS,
+    ThreadWorker,
+    client_or_none,
+    journal_facts,
+    kill,
+    owns,
+    read_topic,
+    spawn_worker,
+    terminate,
+    wait_for,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -36,17 +46,10 @@ def engine(kafka_bootstrap, ns, tmp_path, monkeypatch):
     log = tmp_path / "steps.log"
     monkeypatch.setenv("RUNSTREAM_TEST_STEP_LOG", str(log))
     worker = ThreadWorker(make_app(ns, kafka_bootstrap), tmp_path / "state")
-    client = wait_for(lambda: _client(ns, kafka_bootstrap), what="the worker's topics")
+    client = wait_for(lambda: client_or_none(ns, kafka_bootstrap), what="the worker's topics")
     yield SimpleNamespace(client=client, log=log)
     client.close()
     worker.stop()
-
-
-def _client(ns, bootstrap):
-    try:
-        return runstream.Client(ns, bootstrap)
-    except runstream.RunstreamError:
-        return None
 
 
 def _mailed(log: Path) -> Counter[str]:
@@ -62,15 +65,6 @@ def _mailed_id(log: Path, run_id: str) -> str:
         return next((p for p in _mailed(log) if p.startswith(f"{run_id}/")), None)
 
     return wait_for(sent, timeout=60, what=f"{run_id}'s mail step")
-
-
-def _facts(bootstrap: str, ns: str, run_id: str) -> list:
-    codec = Codec.default()
-    return [
-        codec.decode(msg.value())
-        for _, rec, msg in read_topic(bootstrap, f"{ns}.journal", timeout=30)
-        if rec.get("run_id") == run_id
-    ]
 
 
 def _dead_letters(bootstrap: str, ns: str, n: int) -> list[dict]:
@@ -95,7 +89,7 @@ def test_a_promise_resolved_or_rejected_by_the_client_completes_the_run(
     assert client.result("yes", timeout=30) == {"value": {"approved_by": "ann"}}
     assert client.result("no", timeout=30) == {"rejected": "the budget is spent"}
     assert _mailed(log) == {yes: 1, no: 1}
-    facts = _facts(kafka_bootstrap, ns, "yes")
+    facts = journal_facts(kafka_bootstrap, ns, "yes")
     assert [type(f).__name__ for f in facts][:2] == ["RunStarted", "PromiseCreated"]
     assert check_run(facts) == []
 
@@ -114,7 +108,8 @@ def test_a_promise_resolved_before_the_run_reaches_it_is_kept_for_the_await(
 
     def kept() -> bool:
         return any(
-            type(f).__name__ == "PromiseCompleted" for f in _facts(kafka_bootstrap, ns, "gated")
+            type(f).__name__ == "PromiseCompleted"
+            for f in journal_facts(kafka_bootstrap, ns, "gated")
         )
 
     wait_for(kept, what="the completion to be recorded")
@@ -142,7 +137,7 @@ def test_a_second_completion_is_refused_to_the_dlq_and_changes_nothing(engine, k
     assert client.result("twice", timeout=30) == {"value": "first"}
     client.resolve(pid, "after the end")
     assert _dead_letters(kafka_bootstrap, ns, 3)[2]["code"] == "promise-completed"
-    facts = _facts(kafka_bootstrap, ns, "twice")
+    facts = journal_facts(kafka_bootstrap, ns, "twice")
     assert [type(f).__name__ for f in facts].count("PromiseCompleted") == 1
     assert check_run(facts) == []
 
@@ -188,12 +183,12 @@ def test_an_engine_killed_between_the_promise_and_its_resolve_completes_the_run_
     state.mkdir()
     worker = spawn_worker(kafka_bootstrap, ns, state, "w1", log)
     try:
-        client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
+        client = wait_for(lambda: client_or_none(ns, kafka_bootstrap), what="topics")
         wait_for(lambda: len(owns(state, ns, "w1")) == PARTITIONS, what="w1 to own all")
         client.start("awaits_promise", run_id="crash")
 
         def mailed_and_committed() -> bool:
-            names = [type(f).__name__ for f in _facts(kafka_bootstrap, ns, "crash")]
+            names = [type(f).__name__ for f in journal_facts(kafka_bootstrap, ns, "crash")]
             return names == ["RunStarted", "PromiseCreated", "StepStarted", "StepCompleted"]
 
         wait_for(mailed_and_committed, timeout=60, what="the mail step's commit")
@@ -206,6 +201,6 @@ def test_an_engine_killed_between_the_promise_and_its_resolve_completes_the_run_
         if worker.poll() is None:
             terminate(worker)
     assert _mailed(log) == {"crash/promise/1": 1}
-    facts = _facts(kafka_bootstrap, ns, "crash")
+    facts = journal_facts(kafka_bootstrap, ns, "crash")
     assert [type(f).__name__ for f in facts].count("PromiseCreated") == 1
     assert check_run(facts) == []

@@ -18,9 +18,18 @@ from click.testing import CliRunner
 import runstream
 from runstream.audit import check_run
 from runstream.cli.main import cli
-from runstream.schemas.codec import Codec
 
-from .kit import PARTITIONS, ThreadWorker, kill, owns, read_topic, spawn_worker, terminate, wait_for
+from .kit import (
+    PARTITIONS,
+    ThreadWorker,
+    client_or_none,
+    journal_facts,
+    kill,
+    owns,
+    spawn_worker,
+    terminate,
+    wait_for,
+)
 from .query_app import make_app
 
 pytestmark = pytest.mark.kafka
@@ -33,20 +42,13 @@ def engine(kafka_bootstrap, ns, tmp_path, monkeypatch):
     """One engine instance on a thread (``.stop()`` it to go on without one)."""
     monkeypatch.setenv("RUNSTREAM_TEST_STEP_LOG", str(tmp_path / "steps.log"))
     worker = ThreadWorker(make_app(ns, kafka_bootstrap), tmp_path / "state")
-    client = wait_for(lambda: _client(ns, kafka_bootstrap), what="the worker's topics")
+    client = wait_for(lambda: client_or_none(ns, kafka_bootstrap), what="the worker's topics")
     eng = SimpleNamespace(client=client, worker=worker, cache=tmp_path / "cache")
     wait_for(lambda: _readable(client, eng.cache), what="the lifecycle topic's leaders")
     yield eng
     client.close()
     if eng.worker is not None:
         eng.worker.stop()
-
-
-def _client(ns, bootstrap):
-    try:
-        return runstream.Client(ns, bootstrap)
-    except runstream.RunstreamError:
-        return None
 
 
 def _readable(client: runstream.Client, cache: Path) -> bool:
@@ -57,15 +59,6 @@ def _readable(client: runstream.Client, cache: Path) -> bool:
     except runstream.KafkaUnavailable:
         return False
     return True
-
-
-def _facts(bootstrap: str, ns: str, run_id: str) -> list:
-    codec = Codec.default()
-    return [
-        codec.decode(msg.value())
-        for _, rec, msg in read_topic(bootstrap, f"{ns}.journal", timeout=30)
-        if rec.get("run_id") == run_id
-    ]
 
 
 def _reaches(client: runstream.Client, run_id: str, key: str, value: object, cache: Path):
@@ -108,14 +101,14 @@ def test_a_live_query_is_answered_by_the_owner_and_changes_no_journal(engine, ka
     client = engine.client
     client.start("tracker", ["x"], run_id="t2")
     wait_for(lambda: client.query("t2", "packed") == ["x"], what="the step")
-    before = _facts(kafka_bootstrap, ns, "t2")
+    before = journal_facts(kafka_bootstrap, ns, "t2")
     assert client.query("t2", "has", "x") is True
     assert client.query("t2", "has", "y") is False
     with pytest.raises(runstream.QueryFailed, match="no query handler 'nope'"):
         client.query("t2", "nope")
     with pytest.raises(runstream.RunNotFound):
         client.query("nobody", "packed")
-    assert _facts(kafka_bootstrap, ns, "t2") == before
+    assert journal_facts(kafka_bootstrap, ns, "t2") == before
     client.signal("t2", "ship")
     assert client.result("t2", timeout=30) == {"packed": ["x"]}
     assert client.query("t2", "packed") == ["x"]  # an ended run still answers
@@ -142,7 +135,7 @@ def test_a_retried_run_keeps_its_events_and_sets_each_once(engine, kafka_bootstr
     client.retry("f1")
     assert client.result("f1", timeout=30) == "done"
     assert client.get_event("f1", "after", wait=30, cache_dir=cache).value == 2
-    facts = _facts(kafka_bootstrap, ns, "f1")
+    facts = journal_facts(kafka_bootstrap, ns, "f1")
     assert _sets(facts) == [("before", 1), ("after", 2)]
     assert check_run(facts) == []
 
@@ -162,8 +155,8 @@ def test_across_continue_as_new_get_event_follows_the_runs_that_carry_it_on(
     client.signal("c1~2", "end")
     last = client.get_event("c1", "last", wait=60, cache_dir=cache)
     assert (last.run_id, last.value) == ("c1~2", 2)
-    assert _sets(_facts(kafka_bootstrap, ns, "c1")) == [("round", 0), ("first", True)]
-    assert _sets(_facts(kafka_bootstrap, ns, "c1~1")) == [("round", 1)]
+    assert _sets(journal_facts(kafka_bootstrap, ns, "c1")) == [("round", 0), ("first", True)]
+    assert _sets(journal_facts(kafka_bootstrap, ns, "c1~1")) == [("round", 1)]
 
 
 def test_an_owner_killed_after_set_event_restarts_with_each_value_set_once(
@@ -176,7 +169,7 @@ def test_an_owner_killed_after_set_event_restarts_with_each_value_set_once(
     state.mkdir()
     worker = spawn_worker(kafka_bootstrap, ns, state, "w1", log, app=APP)
     try:
-        client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
+        client = wait_for(lambda: client_or_none(ns, kafka_bootstrap), what="topics")
         wait_for(lambda: len(owns(state, ns, "w1")) == PARTITIONS, what="w1 to own all")
         client.start("tracker", ["a", "b", "c"], run_id="k1")
         packed = _reaches(client, "k1", "stage", "packed", cache)
@@ -196,7 +189,7 @@ def test_an_owner_killed_after_set_event_restarts_with_each_value_set_once(
             terminate(worker)
     lines = Path(log).read_text().splitlines()
     assert Counter(lines) == {"pack k1 a": 1, "pack k1 b": 1, "pack k1 c": 1}
-    facts = _facts(kafka_bootstrap, ns, "k1")
+    facts = journal_facts(kafka_bootstrap, ns, "k1")
     assert _sets(facts) == [("stage", "packing"), ("stage", "packed"), ("stage", "shipped")]
     assert check_run(facts) == []
 

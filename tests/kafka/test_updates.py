@@ -17,9 +17,19 @@ from click.testing import CliRunner
 import runstream
 from runstream.audit import check_run
 from runstream.cli.main import cli
-from runstream.schemas.codec import Codec
 
-from .kit import PARTITIONS, ThreadWorker, kill, owns, read_topic, spawn_worker, terminate, wait_for
+from .kit import (
+    PARTITIONS,
+    ThreadWorker,
+    client_or_none,
+    fact_names,
+    journal_facts,
+    kill,
+    owns,
+    spawn_worker,
+    terminate,
+    wait_for,
+)
 from .update_app import make_app
 
 pytestmark = pytest.mark.kafka
@@ -30,30 +40,10 @@ def engine(kafka_bootstrap, ns, tmp_path, monkeypatch):
     log = tmp_path / "steps.log"
     monkeypatch.setenv("RUNSTREAM_TEST_STEP_LOG", str(log))
     worker = ThreadWorker(make_app(ns, kafka_bootstrap), tmp_path / "state")
-    client = wait_for(lambda: _client(ns, kafka_bootstrap), what="the worker's topics")
+    client = wait_for(lambda: client_or_none(ns, kafka_bootstrap), what="the worker's topics")
     yield SimpleNamespace(client=client, log=log)
     client.close()
     worker.stop()
-
-
-def _client(ns, bootstrap):
-    try:
-        return runstream.Client(ns, bootstrap)
-    except runstream.RunstreamError:
-        return None
-
-
-def _facts(bootstrap: str, ns: str, run_id: str) -> list:
-    codec = Codec.default()
-    return [
-        codec.decode(msg.value())
-        for _, rec, msg in read_topic(bootstrap, f"{ns}.journal", timeout=30)
-        if rec.get("run_id") == run_id
-    ]
-
-
-def _names(bootstrap: str, ns: str, run_id: str) -> list[str]:
-    return [type(f).__name__ for f in _facts(bootstrap, ns, run_id)]
 
 
 def _paid(log: Path) -> Counter[str]:
@@ -62,7 +52,9 @@ def _paid(log: Path) -> Counter[str]:
 
 
 def _waiting(client: runstream.Client, bootstrap: str, ns: str, run_id: str) -> None:
-    wait_for(lambda: "SignalAwaited" in _names(bootstrap, ns, run_id), timeout=60, what="a wait")
+    wait_for(
+        lambda: "SignalAwaited" in fact_names(bootstrap, ns, run_id), timeout=60, what="a wait"
+    )
 
 
 def test_an_update_returns_its_result_and_a_rejected_one_records_nothing(
@@ -80,9 +72,9 @@ def test_an_update_returns_its_result_and_a_rejected_one_records_nothing(
     assert exc.value.code == "no-handler"
     c.signal("a", "close")
     assert c.result("a") == 70
-    names = _names(kafka_bootstrap, ns, "a")
+    names = fact_names(kafka_bootstrap, ns, "a")
     assert names.count("UpdateAccepted") == 1 and names.count("UpdateCompleted") == 1
-    assert check_run(_facts(kafka_bootstrap, ns, "a")) == []
+    assert check_run(journal_facts(kafka_bootstrap, ns, "a")) == []
 
 
 def test_a_duplicate_update_id_gets_the_same_answer_from_any_client(engine, kafka_bootstrap, ns):
@@ -93,7 +85,7 @@ def test_a_duplicate_update_id_gets_the_same_answer_from_any_client(engine, kafk
         assert other.update("d", "withdraw", 10, update_id="once") == first
     assert c.update("d", "withdraw", 10, update_id="once") == first
     assert _paid(engine.log)["pay end 10"] == 1
-    assert _names(kafka_bootstrap, ns, "d").count("UpdateAccepted") == 1
+    assert fact_names(kafka_bootstrap, ns, "d").count("UpdateAccepted") == 1
 
 
 def test_start_update_stages_and_update_with_start(engine, kafka_bootstrap, ns):
@@ -104,7 +96,7 @@ def test_start_update_stages_and_update_with_start(engine, kafka_bootstrap, ns):
     again = c.update_with_start("account", 50, run_id="s", update="withdraw", arg=5,
                                 update_id=h.update_id, wait_for="completed")  # fmt: skip
     assert again.result() == h.result()
-    assert _names(kafka_bootstrap, ns, "s").count("RunStarted") == 1
+    assert fact_names(kafka_bootstrap, ns, "s").count("RunStarted") == 1
     admitted = c.start_update("s", "withdraw", 1, wait_for="admitted")
     assert admitted.stage == "admitted" and admitted.result()["balance"] == 44
 
@@ -127,7 +119,7 @@ def test_a_cancel_with_an_update_in_flight_fails_it_with_a_clear_error(
     monkeypatch.setenv("RUNSTREAM_TEST_STEP_LOG", str(tmp_path / "steps.log"))
     worker = ThreadWorker(make_app(ns, kafka_bootstrap), tmp_path / "state")
     try:
-        c = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
+        c = wait_for(lambda: client_or_none(ns, kafka_bootstrap), what="topics")
         c.start("account", 100, run_id="x")
         h = c.start_update("x", "withdraw", 30, update_id="inflight")
         c.cancel("x")
@@ -149,7 +141,7 @@ def test_an_update_admitted_while_no_engine_runs_is_decided_when_one_comes(
 ):
     monkeypatch.setenv("RUNSTREAM_TEST_STEP_LOG", str(tmp_path / "steps.log"))
     worker = ThreadWorker(make_app(ns, kafka_bootstrap), tmp_path / "state")
-    c = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
+    c = wait_for(lambda: client_or_none(ns, kafka_bootstrap), what="topics")
     c.start("account", 100, run_id="later")
     _waiting(c, kafka_bootstrap, ns, "later")
     worker.stop()
@@ -176,7 +168,7 @@ def test_an_engine_killed_between_an_updates_admission_and_completion_answers_on
     app = "tests.kafka.update_app:app"
     worker = spawn_worker(kafka_bootstrap, ns, state, "w1", log, app=app, **env)
     try:
-        client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
+        client = wait_for(lambda: client_or_none(ns, kafka_bootstrap), what="topics")
         wait_for(lambda: len(owns(state, ns, "w1")) == PARTITIONS, what="w1 to own all")
         client.start("account", 100, run_id="crash")
         h = client.start_update("crash", "withdraw", 30, update_id="u", wait_for="accepted")
@@ -198,7 +190,7 @@ def test_an_engine_killed_between_an_updates_admission_and_completion_answers_on
             terminate(worker)
     assert _paid(log)["pay end 30"] == 1  # the killed attempt never ended; the rerun did
     assert _paid(log)["pay end 5"] == 1
-    facts = _facts(kafka_bootstrap, ns, "crash")
+    facts = journal_facts(kafka_bootstrap, ns, "crash")
     names = [type(f).__name__ for f in facts]
     assert names.count("UpdateAccepted") == 2 and names.count("UpdateCompleted") == 2
     assert "RunRecovered" in names
