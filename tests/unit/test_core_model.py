@@ -68,7 +68,9 @@ from runstream.schemas.records import (
     QueryAnswer,
     Retry,
     RunFailed,
+    RunPaused,
     RunRetried,
+    RunUnpaused,
     Signal,
     StartRun,
     StepCompleted,
@@ -514,10 +516,15 @@ def witness_problems(shell: Shell, at_rest: bool = False) -> list[str]:
             st = shell.state(run_id)
             if not (isinstance(st, RunState) and st.status == "completed"):
                 continue
-            attempt = 1
+            attempt, paused = 1, False
             for f in facts:
                 attempt += isinstance(f, RunRetried)
-                missing = (run_id, getattr(f, "seq", 0), attempt) not in seen
+                ends_pause = isinstance(f, (RunUnpaused, RunRetried))
+                paused = isinstance(f, RunPaused) or (paused and not ends_pause)
+                # A step that settled while its run was paused (till the run ended) is
+                # seen live by the next code to run: the unpause's, or a retry's.
+                later = range(attempt, attempt + 2 if paused else attempt + 1)
+                missing = all((run_id, getattr(f, "seq", 0), a) not in seen for a in later)
                 if isinstance(f, StepCompleted) and f.seq > 0 and missing:
                     out.append(f"{run_id}: step {f.seq} (attempt {attempt}) never seen live")
     return out

@@ -334,3 +334,25 @@ def test_a_retried_run_subscribing_again_to_a_wait_already_matched_takes_no_seco
     model.publish(key="0", ttl_ms=3000)  # e2
     model.advance(seconds=61)  # r1's wait 2 and the run time out again
     model.teardown()  # checks that no wait skipped an event within its ttl
+
+
+def test_a_step_that_settles_while_its_run_is_paused_stays_live_across_a_run_timeout_and_retry():
+    """r1 is paused; its step settles while paused (live to the code only at the unpause);
+    the run's timeout ends it, and a retry starts it again. The retry's first activation
+    replays that step, yet no live activation had seen it, so the interceptors never saw
+    it settle (the model's long run at about 31,000 examples; these are its shrunk steps)."""
+    model = CoreModel()
+    steps: list[Any] = [
+        lambda: model.begin(starts=[("saga", 0), ("promised", 1)]),
+        lambda: model.pause(i=1, unpause=False),
+        lambda: model.abort_and_redo(p=0),
+        lambda: model.advance(seconds=0),
+        lambda: model.retry(i=1),
+        lambda: model.abort_and_redo_outcome(how="terminal", i=0),
+        lambda: model.step_outcome(how="ok", i=0),
+        lambda: model.advance(seconds=0),
+    ]
+    for step in steps:
+        step()
+        model.after_every_step()
+    model.teardown()

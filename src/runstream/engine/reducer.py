@@ -179,7 +179,8 @@ def _run(state: RunState, fact: Fact) -> None:
             state.beats.clear()
             state.permits.clear()  # given back by the transaction that ends the run
             state.pending.clear()
-            state.settled_paused.clear()  # an end clears the pause
+            # settled_paused stays: no code saw those steps settle, so a retry's first
+            # activation must (`RunRetried` clears them; its batch reads its before-state)
             if isinstance(fact, RunCompleted):
                 state.output, state.continued_as = fact.output, fact.continued_as
             elif isinstance(fact, RunFailed):
@@ -193,6 +194,7 @@ def _run(state: RunState, fact: Fact) -> None:
             _settle(state, fact)
         case RunRetried():
             _reopen(state, fact)
+            state.settled_paused.clear()
             if fact.retry_id:
                 state.retry_ids.add(fact.retry_id)
         case RetriedAsNew():
