@@ -19,6 +19,7 @@ from runstream.engine.state import State, beats_of
 from runstream.engine.work import Batch, LogRecord, StepOutcome, Work
 from runstream.projections.store import PartitionStore, catch_up
 from runstream.schemas.codec import Codec
+from runstream.standby import Standbys
 from runstream.topics.base import EngineLog
 from runstream.topics.outbox import Committed
 
@@ -44,6 +45,7 @@ class Partitions:
         self.leaving: set[int] = set()  # start none of their steps
         self._owned: dict[int, _Owned] = {}
         self._to_restore: list[int] = []
+        self.standbys: Standbys | None = None  # warm copies to take over first
 
     def __contains__(self, p: object) -> bool:
         return p in self._owned
@@ -66,6 +68,8 @@ class Partitions:
             return {}
         started, partitions = time.monotonic(), sorted(self._to_restore)
         self._to_restore = []
+        if self.standbys is not None:  # their stores are ours from here on
+            self.standbys.claim(partitions)
         positions = engine_log.committed(partitions)
         ends = engine_log.end_offsets(partitions)
         with ThreadPoolExecutor(8) as pool:  # RocksDB opens them in parallel, off the GIL
@@ -77,6 +81,8 @@ class Partitions:
         facts = catch_up(stores, engine_log.read_journal(offsets, stopping))
         if stopping():
             _close([*stores.values()])
+            if self.standbys is not None:
+                self.standbys.unclaim(partitions)
             return {}
         for p, store in stores.items():
             self._owned[p] = _Owned(store, positions[p], ends[p], int(time.time() * 1000))
@@ -104,6 +110,8 @@ class Partitions:
                 self._to_restore.remove(p)
         _close(closing)
         self.leaving -= set(partitions)
+        if self.standbys is not None:
+            self.standbys.unclaim(partitions)
 
     def close(self) -> None:
         self.release(list(self._owned))

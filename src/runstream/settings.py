@@ -87,6 +87,13 @@ class Settings(BaseSettings):
         10_000, ge=1000, description="How long a crashed instance can hold its partitions."
     )
     session_timeout_ms: int = Field(10_000, ge=6000, description="Consumer group session timeout.")
+    standbys: int = Field(
+        0,
+        ge=0,
+        description="Warm copies of each partition this instance keeps for the instances "
+        "before it in the group (`runstream.standby`): a failover then restores only the "
+        "last facts. 0: none; 1 is enough for most deployments.",
+    )
     leave_on_stop: bool = Field(
         False,
         description="Hand the partitions over at once when the instance stops (no static "

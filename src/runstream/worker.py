@@ -40,10 +40,11 @@ from runstream.runtime.steps import StepRunner, chain
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import END_FACTS, LIMIT_PREFIX, StepHandedOver
 from runstream.settings import Settings
+from runstream.standby import Standbys
 from runstream.supervisor import stop_on_signals
 from runstream.topics import lifecycle_wire
 from runstream.topics.base import EngineLog
-from runstream.topics.kafka import open_engine_log
+from runstream.topics.kafka import KafkaLog, open_engine_log
 from runstream.topics.outbox import Committed, commit
 from runstream.topics.spec import Topics
 from runstream.topics.watchdog import EXIT_HUNG, Watchdog
@@ -149,6 +150,17 @@ class Worker:
         )
         if self._log is None or not self._log.start(self, self._stopping.is_set):
             return None
+        if self.settings.standbys and isinstance(self._log, KafkaLog):
+            self._owned.standbys = Standbys(
+                self._log.config,
+                self._log.group_id,
+                self._log.client_id,
+                self.topics.commands,
+                self.topics.journal,
+                self.state_dir,
+                self.settings.standbys,
+            )
+            self._owned.standbys.start()
         self._decider = Decider(
             self.app.registry,
             partitions=self._log.partitions,
@@ -171,6 +183,8 @@ class Worker:
             self._metrics_server.close()
         self._steps.close()
         self._budget.close()
+        if self._owned.standbys is not None:
+            self._owned.standbys.stop()
         if self._log is not None:
             self._log.close()  # revokes: the projections close
         self._owned.close()

@@ -81,6 +81,7 @@ ENGINE_FIELDS = (
     "step_concurrency",
     "transaction_timeout_ms",
     "session_timeout_ms",
+    "standbys",
     "leave_on_stop",
     "stop_timeout",
     "handover_timeout",

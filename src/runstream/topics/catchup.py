@@ -103,10 +103,12 @@ class PartitionReader:
         follow: bool = False,
         idle_timeout: float = 30.0,
         batch: int = 5000,
+        wait: float = 0.5,
     ) -> Iterator[Batch]:
         """The records of the partitions in ``start``, from those offsets, in batches
         with the offsets reached. Without ``follow`` it ends once every partition is at
-        its end; with it, it goes on and also yields empty batches (a chance to stop).
+        its end; with it, it goes on and also yields empty batches (a chance to stop),
+        at least every ``wait`` seconds.
 
         Raises:
             TimeoutError: (not following) no record nor end for ``idle_timeout`` seconds,
@@ -118,7 +120,7 @@ class PartitionReader:
         try:
             while follow or len(at_end) < len(start):
                 records = []
-                for msg in self._consumer.consume(batch, 0.5):
+                for msg in self._consumer.consume(batch, wait):
                     err, p = msg.error(), msg.partition() or 0
                     if err is None:
                         records.append(as_record(msg))

@@ -33,7 +33,14 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from runstream.errors import KafkaFatal, TopicError
 from runstream.topics.admin import Config, refused, unavailable, wait_for_cluster
 
-__all__ = ["GroupStatus", "Member", "PartitionLag", "group_status", "topics_with_prefix"]
+__all__ = [
+    "GroupStatus",
+    "Member",
+    "PartitionLag",
+    "assignments",
+    "group_status",
+    "topics_with_prefix",
+]
 
 _EARLIEST: OffsetSpec = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
 _LATEST: OffsetSpec = OffsetSpec.latest()  # type: ignore[no-untyped-call]
@@ -125,6 +132,31 @@ def group_status(config: Config, group_id: str, topic: str, timeout: float = 10.
         for p in partitions
     ]
     return GroupStatus(group_id, topic, state, members, rows)
+
+
+def assignments(
+    config: Config, group_id: str, topic: str, timeout: float = 10.0
+) -> dict[str, list[int]]:
+    """The partitions of ``topic`` each live member of ``group_id`` holds now, by client id
+    (`runstream.standby` places its warm copies by them).
+
+    Raises:
+        TopicError: Kafka refused to describe the group.
+    """
+    admin = AdminClient(dict(config))
+    [future] = admin.describe_consumer_groups([group_id], request_timeout=timeout).values()
+    try:
+        desc = future.result()
+    except KafkaException as exc:
+        raise refused(config, f"describing consumer group {group_id}", exc) from None
+    return {
+        m.client_id: sorted(
+            tp.partition
+            for tp in (m.assignment.topic_partitions if m.assignment else [])
+            if tp.topic == topic
+        )
+        for m in desc.members
+    }
 
 
 def _describe(

@@ -248,6 +248,8 @@ class KafkaLog(Transactions):
         self.watchdog = watchdog
         self._config = config
         ns = topics.ns
+        self.config = config  # for the instance's other readers (`runstream.standby`)
+        self.group_id, self.client_id = f"{ns}.engine", f"{ns}.engine.{instance_id}"
         self._journal_ends: dict[int, int] = {}
         self._sent: dict[int, int] = {}  # the command offsets of the open transaction
         self._acked: dict[int, int] = {}  # each partition's committed offset, as last known
@@ -286,8 +288,8 @@ class KafkaLog(Transactions):
             {
                 **config,
                 **({"group.instance.id": instance_id} if static else {}),
-                "group.id": f"{ns}.engine",
-                "client.id": f"{ns}.engine.{instance_id}",
+                "group.id": self.group_id,
+                "client.id": self.client_id,
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",
                 "auto.offset.reset": "earliest",

@@ -1,0 +1,116 @@
+"""Standby replicas (`runstream.standby`) with real processes: an instance keeps warm
+copies of the partitions the instance before it owns, so when that owner is SIGKILLed
+the survivor restores only the facts written since its copy's last batch, not the
+partitions' whole journal, and every run still finishes once."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from runstream.audit import audit
+from runstream.projections.store import PartitionStore
+from runstream.schemas.codec import Codec
+
+from .kit import (
+    client_or_none,
+    journal_ends,
+    kill,
+    owns,
+    results,
+    spawn_worker,
+    terminate,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+ENV = {"RUNSTREAM_STANDBYS": "1", "RUNSTREAM_SESSION_TIMEOUT_MS": "6000"}
+RESTORED = re.compile(r"partitions \[([\d, ]+)\] restored: (\d+) facts")
+
+
+def _stored_offset(store_dir: Path) -> int:
+    """The journal offset a projection reflects (read-only: its writer keeps it open)."""
+    if not (store_dir / "CURRENT").exists():
+        return -1
+    store = PartitionStore(store_dir, Codec.default(), read_only=True)
+    try:
+        return store.journal_offset
+    finally:
+        store.close()
+
+
+def _restores(log: Path) -> list[tuple[set[int], int]]:
+    return [
+        ({int(p) for p in m.group(1).split(",")}, int(m.group(2)))
+        for m in RESTORED.finditer(log.read_text())
+    ]
+
+
+def test_a_standby_takes_a_killed_owners_partitions_restoring_only_the_last_facts(
+    kafka_bootstrap, ns, tmp_path
+):
+    state = tmp_path / "state"
+    state.mkdir()
+    w1 = spawn_worker(kafka_bootstrap, ns, state, "w1", tmp_path / "steps.log", **ENV)
+    w2 = None
+    try:
+        client = wait_for(lambda: client_or_none(ns, kafka_bootstrap), what="topics")
+        wait_for(lambda: owns(state, ns, "w1"), timeout=60, what="w1 to own partitions")
+        history = [f"h-{i}" for i in range(300)]
+        for run_id in history:  # a history the survivor must not read again
+            client.start("three_steps", 0, run_id=run_id, wait=False)
+        client.flush(30)
+        assert results(client, history, timeout=120) == dict.fromkeys(history, 3)
+
+        w2 = spawn_worker(kafka_bootstrap, ns, state, "w2", tmp_path / "steps.log", **ENV)
+        wait_for(
+            lambda: owns(state, ns, "w1") and owns(state, ns, "w2"),
+            timeout=60,
+            what="both instances to own partitions",
+        )
+        theirs = owns(state, ns, "w1")
+        ends = journal_ends(kafka_bootstrap, ns)
+        copies = {p: state / ns / "w2" / f"p{p}" for p in theirs}
+        wait_for(
+            lambda: all(_stored_offset(copies[p]) >= ends.get(p, 0) for p in theirs),
+            timeout=60,
+            what=f"w2's standby copies of {theirs} to catch up",
+        )
+        history_facts = sum(ends.get(p, 0) for p in theirs)
+
+        live = [f"l-{i}" for i in range(40)]
+        for run_id in live:  # under way at the kill: their steps take 1 s each
+            client.start("shifts", 1.0, run_id=run_id, wait=False)
+        client.flush(30)
+        wait_for(
+            lambda: (
+                (tmp_path / "steps.log").exists()
+                and len((tmp_path / "steps.log").read_text().splitlines()) >= 20
+            ),
+            timeout=60,
+            what="steps under way",
+        )
+        kill(w1)
+        outputs = results(client, live, timeout=180)
+        client.close()
+    finally:
+        if w1.poll() is None:
+            kill(w1)
+        if w2 is not None:
+            assert terminate(w2, timeout=60) == 0
+
+    assert outputs == dict.fromkeys(live, 6)
+    taken = [(ps, n) for ps, n in _restores(tmp_path / "w2.log") if ps & set(theirs)]
+    assert taken, "w2 never restored the killed owner's partitions"
+    ps, facts = taken[-1]
+    assert set(theirs) <= ps
+    # a restore from the journal alone reads every fact of those partitions (thousands);
+    # the standby copies leave only what the last moments wrote
+    assert history_facts > 1000
+    assert facts * 5 < history_facts, f"restored {facts} facts of {history_facts}"
+    report = audit(kafka_bootstrap, ns, expect_finished=True)
+    assert report.ok, report.violations[:5]
+    print(f"\ntakeover of {theirs}: restored {facts} facts; their journal held {history_facts}")
