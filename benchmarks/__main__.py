@@ -18,11 +18,11 @@ from typing import Any
 
 # The harness (and with it runstream) is imported only when a workload runs, so that
 # `compare`, which only starts subprocesses, does not load the engine's code.
-WORKLOADS = ("floor", "W1", "W2", "W3", "W3b", "W4", "W5", "W6", "W7", "W8", "W9", "W10")
+WORKLOADS = ("floor", "W1", "W2", "W3", "W3b", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11")
 
 
 def _functions() -> dict[str, Callable[..., Any]]:
-    from . import floor, workloads
+    from . import failover, floor, workloads
 
     return {
         "floor": floor.floor,
@@ -37,6 +37,7 @@ def _functions() -> dict[str, Callable[..., Any]]:
         "W8": workloads.w8,
         "W9": workloads.w9,
         "W10": workloads.w10,
+        "W11": failover.w11,
     }
 
 
