@@ -18,8 +18,11 @@ from playwright.sync_api import Page, expect, sync_playwright
 import runstream
 from runstream import TerminalStepError
 from runstream.cli.ui_cmd import dashboard
+from runstream.operations import CancelJob
+from runstream.settings import Settings
 from runstream.topics.admin import ensure_topics
 from runstream.ui import screenshots
+from runstream.ui.bulk import Plan, job_file
 from runstream.ui.server import LOOPBACK_HOSTS, create_app
 
 from .flows import make_app
@@ -75,10 +78,12 @@ def site(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         order = {"id": 7, "amount": -1}  # declined: it compensates, so can't be retried
         client.start("checkout", order, run_id="declined", tags={"batch": "r"})
         client.start("approval", None, run_id="waiting-r", tags={"batch": "r"})
+        for n in (1, 2, 3):
+            client.start("fails_until_fixed", n, run_id=f"fail-s-{n}", tags={"batch": "s"})
         for run_id in ("hold-1", "hold-2", "hold-3"):
             client.start("approval", None, run_id=run_id, tags={"batch": "q"})
         client.start("three_steps", 1, run_id="done-q", tags={"batch": "q"})
-        for run_id in ("fail-1", "fail-2", "declined"):
+        for run_id in ("fail-1", "fail-2", "declined", "fail-s-1", "fail-s-2", "fail-s-3"):
             with pytest.raises(runstream.RunFailed):
                 client.result(run_id, timeout=60)
         assert client.result("done-q", timeout=60) == 4
@@ -114,8 +119,9 @@ def _dry_run(site: Site, batch: str, action: str) -> Page:
 
 
 def _confirm(page: Page) -> None:
-    page.click("#bulk-confirm")
-    page.wait_for_url("**/bulk/*")
+    if "/bulk/" not in page.url:
+        page.click("#bulk-confirm")
+        page.wait_for_url("**/bulk/*")
     expect(page.locator("#bulk-state")).to_have_text("done", timeout=BULK_TIMEOUT * 1000 + 30_000)
 
 
@@ -139,6 +145,16 @@ def test_bulk_retry_after_a_dry_run_retries_the_failed_runs_and_says_why_not_the
     assert site.status("fail-1") == site.status("fail-2") == "failed"  # a dry run sends nothing
 
     FIXED["step"] = True
+    token = page.input_value("input[name=token]")
+    page.click("#bulk-confirm")
+    page.wait_for_url("**/bulk/*")
+    # confirmed again while it runs (a double click, a resent form): the same job, which
+    # runs at least BULK_TIMEOUT (it waits that long for "declined", refused)
+    again = page.request.post(
+        f"{site.url}/bulk",
+        form={"token": token, "tag": "batch=r", "action": "retry", "confirm": "yes"},
+    )
+    assert again.ok and again.url == page.url
     _confirm(page)
     expect(page.locator("#bulk-progress")).to_have_text("3 of 3 sent")
     expect(page.locator("#bulk-done")).to_contain_text("2 of 3 runs retried")
@@ -192,3 +208,33 @@ def test_a_bulk_action_with_nothing_to_do_offers_no_confirm(site: Site) -> None:
     page = _dry_run(site, "q", "resume")  # no run of batch q is parked
     expect(page.locator("#bulk-count")).to_have_text("0 runs would be resumed.")
     expect(page.locator("#bulk-confirm")).to_have_count(0)
+
+
+def test_a_bulk_retry_stopped_part_way_goes_on_from_its_job_file_sending_nothing_twice(
+    site: Site,
+) -> None:
+    """A dashboard killed after the first chunk leaves the job file so: the same action
+    confirmed again sends only the rest."""
+    FIXED["step"] = True
+    where, runs = {"tag.batch": "s"}, ["fail-s-1", "fail-s-2", "fail-s-3"]
+    settings = Settings().with_bootstrap(site.bootstrap)
+    path = job_file(site.tmp / "cache", settings, site.ns, Plan("retry", where, [], {}))
+    assert path is not None
+    job = CancelJob(where, runs, reason="an earlier dashboard")
+    job.create(path)
+    site.client.retry("fail-s-1", reason="an earlier dashboard")  # its first chunk
+    job.advance(path, 1)
+    assert site.client.result("fail-s-1", timeout=60) == 1
+
+    page = _dry_run(site, "s", "retry")
+    expect(page.locator("#bulk-earlier")).to_contain_text("(1 of 3 sent)")
+    _confirm(page)
+    expect(page.locator("#bulk-progress")).to_have_text(
+        "3 of 3 sent (1 by an earlier job of this filter)"
+    )
+    assert site.client.result("fail-s-2", timeout=60) == 2
+    assert site.client.result("fail-s-3", timeout=60) == 3
+    for run_id in runs:  # each retried once
+        facts = [f.type for f in site.client.history(run_id)]
+        assert facts.count("RunRetried") == 1, (run_id, facts)
+    assert not path.exists()  # finished: the same action later is a new job

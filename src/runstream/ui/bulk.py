@@ -110,7 +110,7 @@ def job_file(base: Path | None, settings: Settings, ns: str, p: Plan) -> Path | 
     if p.action in ("pause", "unpause"):
         return None
     path = CancelJob.path(jobs_dir(base, settings.bootstrap(), ns), p.where)
-    return path if p.action == "cancel" else path.with_name(f"{p.action}-{path.name[7:]}")
+    return path.with_name(path.name.replace("cancel-", f"{p.action}-", 1))  # same digest
 
 
 def unfinished(path: Path | None) -> CancelJob | None:
@@ -226,7 +226,8 @@ class Runner:
         while cj.sent < len(cj.runs):  # as `bulk_cancel` sends its chunks
             chunk = cj.runs[cj.sent : cj.sent + CHUNK]
             for run_id in chunk:
-                client.retry(run_id, reason=cj.reason)
+                client.retry(run_id, reason=cj.reason, wait=False)
+            client.flush()  # Kafka has them: only now does the job move on
             cj.advance(path, len(chunk))
             progress(cj, path)
         cj.finish(path)
