@@ -4,8 +4,9 @@ show the same runs and events as over one written as ``avro``.
 
 The same runs (steps, a failure that compensates, a signal, a pause, children,
 continue-as-new, a rejected start) go through an engine of each format, each in its own
-namespace, while a ``runs tail --json`` process and a dashboard follow it live; what they
-show is compared with the avro namespace's, times left aside.
+namespace, while a ``runs tail --json`` process and a dashboard follow it live, and a
+foreign producer adds odd bytes; what they show is compared with the avro namespace's,
+times left aside.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 from starlette.testclient import TestClient
 
 import runstream
 from runstream.cli.ui_cmd import dashboard
-from runstream.topics.admin import ensure_topics
+from runstream.topics.admin import client_config, ensure_topics
 from runstream.ui.server import Filters, create_app
 from tests.registry.registry import running
 
@@ -150,6 +152,10 @@ def _seen(fmt: str, bootstrap: str, tmp: Path, registry: str | None) -> Seen:
 
             wait_for(tail_ready, timeout=60, what="runs tail to follow")
             ended = _drive(client)
+        producer = Producer(client_config(bootstrap))  # a foreign producer's odd bytes
+        for odd in (b'{"oops": true}', b'{"type": "run.started", "run_id": 7}', b"\x00\x00?"):
+            producer.produce(f"{ns}.lifecycle", odd, b"steps")
+        assert producer.flush(30) == 0
         runs = set(ended)
         wait_for(lambda: runs <= {r.run_id for r in dash.find(Filters())[0]}, what="the list")
         runs |= {r.run_id for r in dash.find(Filters(prefix="family/"))[0]}  # the children
@@ -160,6 +166,7 @@ def _seen(fmt: str, bootstrap: str, tmp: Path, registry: str | None) -> Seen:
             return all(row and len(tail.of(r)) == row.events for r, row in rows.items())
 
         wait_for(all_shown, timeout=60, what="tail and the dashboard to show every event")
+        assert tail.proc.poll() is None and dash.error is None  # the odd bytes skipped
         recent = [ev for _, ev in dash.events_since(0)]
         with TestClient(create_app(dash)) as http:
             pages = {r: _page(http, r) for r in sorted(runs)}
