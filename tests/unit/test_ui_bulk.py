@@ -60,7 +60,7 @@ def test_each_action_acts_on_the_runs_of_its_statuses_and_says_why_it_leaves_the
     assert acts["unpause"].left["parked"] == "parked: only paused runs are unpaused"
 
 
-def test_a_run_shows_an_action_by_its_status_or_for_retry_and_resume_by_moving_since() -> None:
+def test_a_run_shows_an_action_by_its_status_or_by_moving_since_and_settles_when_ended():
     row = RunRow("r", status="failed", updated_at_ms=100)
     assert not ACTIONS["retry"].changed(row, since_ms=150)  # refused: nothing moved
     assert ACTIONS["retry"].changed(RunRow("r", status="failed", updated_at_ms=160), 150)
@@ -72,6 +72,11 @@ def test_a_run_shows_an_action_by_its_status_or_for_retry_and_resume_by_moving_s
     assert ACTIONS["unpause"].changed(RunRow("r", status="running"), 0)
     assert ACTIONS["cancel"].changed(RunRow("r", status="cancelled"), 0)
     assert not ACTIONS["cancel"].changed(None, 0)
+    # completed before the cancel came: not cancelled, and no use waiting for it
+    completed = RunRow("r", status="completed")
+    assert not ACTIONS["cancel"].changed(completed, 0) and ACTIONS["cancel"].settled(completed)
+    assert ACTIONS["pause"].settled(completed) and not ACTIONS["pause"].settled(None)
+    assert not ACTIONS["retry"].settled(RunRow("r", status="failed"))  # a retry may come
 
 
 def test_retry_and_resume_keep_a_job_file_of_their_own_beside_the_cancels(tmp_path) -> None:

@@ -45,7 +45,7 @@ class Action:
         if row is None:
             return False
         if self.name == "cancel":
-            return row.status in CLOSED
+            return row.status == Status.CANCELLED
         if self.name == "pause":
             return row.status == Status.PAUSED
         if self.name == "unpause":
@@ -53,6 +53,11 @@ class Action:
         # retry, resume: a lifecycle event since (run.retried, a step), even if it
         # failed or parked again meanwhile; a refused one changes nothing (a dead letter)
         return row.updated_at_ms >= since_ms or not self.acts_on(row.status)
+
+    def settled(self, row: RunRow | None) -> bool:
+        """Whether the run can no longer show this action: it ended some other way
+        (completed before its cancel or pause came)."""
+        return row is not None and self.name in ("cancel", "pause") and row.status in CLOSED
 
 
 _FAILED = (Status.FAILED, Status.DEAD)
@@ -240,15 +245,19 @@ class Runner:
             rows = {r: self.row(r) for r in job.runs}
             job.statuses = {r: row.status if row else "unknown" for r, row in rows.items()}
             job.changed = [r for r, row in rows.items() if act.changed(row, job.started_ms)]
-            if len(job.changed) == len(job.runs) or time.monotonic() > deadline:
+            ended = {r for r, row in rows.items() if r not in job.changed and act.settled(row)}
+            if len(job.changed) + len(ended) == len(job.runs) or time.monotonic() > deadline:
                 break
             if self.stopping.wait(0.3):
                 raise Stopped
-        missing = [r for r in job.runs if r not in set(job.changed)]
-        said = self._dead_letters(set(missing), job.started_ms) if missing else {}
-        job.refused = {
-            r: said.get(r) or f"still {job.statuses[r]} after {self.timeout:g}s" for r in missing
-        }
+        changed = set(job.changed)
+        missing = {r for r in job.runs if r not in changed and r not in ended}
+        said = self._dead_letters(missing, job.started_ms) if missing else {}
+        for r in job.runs:
+            if r in ended:
+                job.refused[r] = f"ended {job.statuses[r]}, not {act.done}"
+            elif r in missing:
+                job.refused[r] = said.get(r) or f"still {job.statuses[r]} after {self.timeout:g}s"
 
     def _dead_letters(self, runs: set[str], since_ms: int) -> dict[str, str]:
         """The engine's reasons for refusing commands to ``runs`` since ``since_ms``."""
