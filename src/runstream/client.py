@@ -380,7 +380,7 @@ class Client:
         """Delete schedule ``name``: it fires no more."""
         self._send(ScheduleCommand(schedule_id(name), "delete", sent_at_ms=_now_ms()))
 
-    def retry(self, run_id: str, *, input: Any = _KEEP, reason: str = "") -> str:
+    def retry(self, run_id: str, *, input: Any = _KEEP, reason: str = "", wait: bool = True) -> str:
         """Let a failed or dead run go on from its last completed step (the steps after it
         that failed run again; no completed step does), or try a parked run again now;
         other runs stay as they are, and a run that compensated can't go on. Returns the
@@ -388,11 +388,13 @@ class Client:
 
         With ``input``, an ended run is retried instead as a new run of the newest version
         of its workflow, ``<run_id>~<n>``, with that input; both histories link the two.
-        A refused retry goes to the dead-letter topic with its reason."""
+        A refused retry goes to the dead-letter topic with its reason. ``wait=False``
+        returns before Kafka acknowledged it (see `start`)."""
         if input is _KEEP:
-            self._send(Retry(run_id, reason, sent_at_ms=_now_ms(), retry_id=uuid.uuid4().hex))
+            rid = uuid.uuid4().hex
+            self._send(Retry(run_id, reason, sent_at_ms=_now_ms(), retry_id=rid), wait)
             return run_id
-        self._send(Retry(run_id, reason, input=payload.dumps(input), sent_at_ms=_now_ms()))
+        self._send(Retry(run_id, reason, input=payload.dumps(input), sent_at_ms=_now_ms()), wait)
         return continuation_of(run_id)
 
     def pause(self, run_id: str, *, reason: str = "", by: str = "", wait: bool = True) -> None:

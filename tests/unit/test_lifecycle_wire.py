@@ -44,6 +44,22 @@ def test_json_has_every_documented_field_payloads_as_json_values_and_round_trips
         assert back == ev
 
 
+def test_json_null_input_and_output_round_trip_as_the_json_value_null():
+    """A run started with no input and one whose code returned None carry ``null`` (the
+    JSON value) in Avro: in JSON too, not a missing payload (found by the dashboard and
+    ``runs tail`` over a json namespace showing no input and no output where avro did)."""
+    events = [
+        LifecycleEvent("run.started", "r-2", at_ms=1, workflow="w", status="running",
+                       input=b"null"),
+        LifecycleEvent("run.completed", "r-2", at_ms=2, workflow="w", status="completed",
+                       output=b"null", duration_ms=1),
+        LifecycleEvent("run.event_set", "r-2", at_ms=3, workflow="w", status="running",
+                       seq=2, key="k", output=b"null"),
+    ]  # fmt: skip
+    for ev in [*events, FAILED]:
+        assert lifecycle_wire.decode(CODEC, lifecycle_wire.to_json(ev)) == ev
+
+
 def test_registry_framing_is_magic_zero_the_id_and_the_plain_avro_body():
     wire = lifecycle_wire.wire("avro-registry", 7)
     assert wire is not None

@@ -38,6 +38,12 @@ JSON_FIELDS = (
     "duration_ms", "output", "error", "reason", "continued_as", "code", "tags", "input", "key",
 )  # fmt: skip
 _PAYLOADS = ("output", "input")  # bytes of JSON in the record, JSON values on the wire
+#: The types whose Avro event always carries the payload: there a JSON ``null`` is the
+#: value null (no input, a workflow that returned None), not a missing payload.
+_CARRIED = {
+    "input": frozenset({"run.started"}),
+    "output": frozenset({"run.completed", "run.event_set"}),
+}
 
 CONFLUENT_MAGIC = 0
 _JSON_OPEN = ord("{")
@@ -76,8 +82,8 @@ def from_json(data: bytes) -> LifecycleEvent:
             raise ValueError("not a JSON object")
         fields = {k: doc[k] for k in JSON_FIELDS if k in doc}  # unknown keys: newer writers
         for name in _PAYLOADS:
-            if fields.get(name) is not None:
-                fields[name] = payload.dumps(fields[name])
+            if fields.get(name) is not None or fields.get("type") in _CARRIED[name]:
+                fields[name] = payload.dumps(fields.get(name))
         fields["tags"] = fields.get("tags") or {}
         return LifecycleEvent(**fields)
     except (ValueError, TypeError) as exc:

@@ -39,7 +39,7 @@ from starlette.staticfiles import StaticFiles
 from runstream.client import Client
 from runstream.engine.workflow import seconds
 from runstream.errors import DecodeError, RunNotFound, RunstreamError
-from runstream.operations import took
+from runstream.operations import CancelJob, took, where_of
 from runstream.projections.runs import CatchUp, Layout, RunQuery, RunRow, RunsModel
 from runstream.projections.store import key_range
 from runstream.schemas.codec import Codec
@@ -49,6 +49,7 @@ from runstream.topics import lifecycle_wire
 from runstream.topics.admin import client_config
 from runstream.topics.catchup import PartitionReader
 from runstream.topics.spec import Topics
+from runstream.ui.bulk import ACTIONS, BulkJob, Plan, Runner, job_file, plan, unfinished
 from runstream.ui.history import FAMILIES, Story, family, fields, story, when
 
 log = logging.getLogger("runstream.ui")
@@ -108,11 +109,13 @@ class Dashboard:
         token: str | None = None,
         loopback: bool = True,
         interval: float = 0.5,
+        bulk_timeout: float = 60.0,
     ) -> None:
         """``path``: the runs model's directory; ``journal``: a run's facts, in order
         (`RunNotFound` if it has none); ``cache_dir``: as given to ``runstream runs``;
         ``letters``: the dead letters, as ``runstream dlq show --json`` gives each;
-        ``limits``: the limits, with the permits held and the requests waiting."""
+        ``limits``: the limits, with the permits held and the requests waiting;
+        ``bulk_timeout``: how long a bulk action waits for its runs to show it."""
         self.namespace, self.settings, self.path = namespace, settings, path
         self.journal, self.cache_dir = journal, cache_dir
         self.letters, self.limits = letters, limits
@@ -135,7 +138,8 @@ class Dashboard:
         self.error: str | None = None
         self._client: Client | None = None
         self._thread: threading.Thread | None = None
-        self._jobs: list[subprocess.Popen[bytes]] = []  # bulk cancels under way
+        self.bulk_timeout = bulk_timeout
+        self._bulk: dict[str, tuple[BulkJob, threading.Thread]] = {}  # by job id
         self._final: OrderedDict[str, list[Record]] = OrderedDict()  # see facts()
 
     # life
@@ -172,16 +176,15 @@ class Dashboard:
         self.stopping.set()
         if self._thread is not None:
             self._thread.join(30)
+        for job, thread in self._bulk.values():  # stopped between chunks: its file resumes it
+            thread.join(30)
+            if thread.is_alive():
+                log.warning("bulk %s %s still under way", job.plan.action, job.id)
         with self.lock:
             self.model.close()
         self.tap.reader.close()
         if self._client is not None:
             self._client.close()
-        for job in self._jobs:  # a bulk cancel is durable: the same command resumes it
-            if job.poll() is None:
-                log.warning("stopping a bulk cancel under way (pid %d)", job.pid)
-                job.terminate()
-            job.wait(30)
 
     @property
     def client(self) -> Client:
@@ -254,20 +257,38 @@ class Dashboard:
             done = self.cli_json("dlq", "redrive", letter_id, "--from-file", "-", stdin=document)
         return dict(done[0])
 
-    def bulk_cancel(self, where: str, dry_run: bool) -> dict[str, Any]:
-        """``runstream runs cancel --where`` (its durable job): a dry run answers what it
-        would touch; a real one is left running and answers at once."""
-        args = ["runs", "cancel", "--where", where]
-        if self.cache_dir is not None:
-            args += ["--cache-dir", str(self.cache_dir)]
-        if dry_run:
-            return dict(self.cli_json(*args, "--dry-run"))
-        argv = self._argv(*args)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(f"{self.namespace}.ui-bulk.log"), "ab") as logf:
-            job = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT)
-        self._jobs = [j for j in self._jobs if j.poll() is None] + [job]
-        return {"started": True}
+    def bulk_plan(self, action: str, where: dict[str, str]) -> tuple[Plan, CancelJob | None]:
+        """What ``action`` would do to the runs matching ``where`` now, and the job of an
+        earlier one stopped part way that it would go on with instead (None: none)."""
+        with self.lock:
+            p = plan(self.model, action, where)
+        return p, unfinished(job_file(self.cache_dir, self.settings, self.namespace, p))
+
+    def bulk_start(self, p: Plan) -> BulkJob:
+        """Start ``p`` on a thread; the same action and filter already under way here is
+        that job (a second confirm sends nothing twice)."""
+        with self.lock:
+            for job, thread in self._bulk.values():
+                if thread.is_alive() and (job.plan.action, job.plan.where) == (p.action, p.where):
+                    return job
+            job = BulkJob(p)
+            runner = Runner(
+                self.namespace,
+                self.settings,
+                self.cache_dir,
+                self.get,
+                self.letters,
+                self.stopping,
+                self.bulk_timeout,
+            )
+            thread = threading.Thread(target=runner.run, args=(job,), name=f"ui-bulk-{job.id}")
+            self._bulk[job.id] = (job, thread)
+            thread.start()
+            return job
+
+    def bulk_job(self, job_id: str) -> BulkJob | None:
+        found = self._bulk.get(job_id)
+        return None if found is None else found[0]
 
 
 # -- filters kept in the URL ------------------------------------------------------------
@@ -324,21 +345,18 @@ class Filters:
         pairs += [("tag", t) for t in values["tags"]]
         return urlencode(pairs)
 
-    def where(self) -> tuple[str | None, str]:
-        """The filter as ``runs cancel --where`` says it, or None and why it cannot."""
+    def where(self) -> tuple[dict[str, str] | None, str]:
+        """The filter as a bulk action's conditions (``where_of``), or None and why not."""
         if self.since or self.until or self.prefix:
             return (
                 None,
-                "bulk cancel goes by status, workflow, version and tags: clear the "
+                "bulk actions go by status, workflow, version and tags: clear the "
                 "time and id prefix filters first",
             )
-        named = [("status", self.status), ("workflow", self.workflow), ("version", self.version)]
-        parts = [f"{k}={v}" for k, v in named if v] + [f"tag.{t}" for t in self.tags]
-        if not parts:
-            return None, "choose at least one filter: bulk cancel never takes every run"
-        if any("," in p for p in parts):
-            return None, "bulk cancel cannot say a filter with a comma in it"
-        return ",".join(parts), ""
+        q = self.query()
+        if not (q.status or q.workflow or q.version or q.tags):
+            return None, "choose at least one filter: a bulk action never takes every run"
+        return where_of(q.status, q.workflow, q.version, q.tags), ""
 
 
 def _time(value: str, name: str) -> int | None:
@@ -513,19 +531,40 @@ def create_app(dash: Dashboard, hosts: Sequence[str] | None = None) -> Starlette
         return RedirectResponse(f"{back}?{urlencode({'done': done})}", 303)
 
     async def bulk(request: Request) -> Response:
+        """A bulk action by the list's filter: a dry run (what it would do), or with
+        ``confirm=yes`` the job, started, and its page."""
         form = await request.form()
         if (refused := _refused(dash, request, form)) is not None:
             return refused
         f = Filters.of(form, form.getlist("tag"))  # type: ignore[arg-type]
-        where, problem = f.where()
-        if where is None:
-            return page("bulk.html", 400, f=f, where=None, result=None, problem=problem)
-        dry = form.get("confirm") != "yes"
+        action = str(form.get("action", "cancel"))
+        if action not in ACTIONS:
+            return HTMLResponse("unknown action", 400, headers=_HEADERS)
         try:
-            result = await asyncio.to_thread(dash.bulk_cancel, where, dry)
-        except (RunstreamError, ValueError, subprocess.TimeoutExpired) as exc:
-            return page("bulk.html", 500, f=f, where=where, result=None, problem=str(exc))
-        return page("bulk.html", f=f, where=where, result=result, dry=dry, problem=None)
+            where, problem = f.where()
+        except ValueError as exc:
+            where, problem = None, str(exc)
+        if where is None:
+            return page("bulk.html", 400, f=f, action=action, plan=None, problem=problem)
+        p, earlier = await asyncio.to_thread(dash.bulk_plan, action, where)
+        if form.get("confirm") == "yes":
+            job = dash.bulk_start(p)
+            return RedirectResponse(f"/bulk/{job.id}", 303)
+        act = ACTIONS[action]
+        return page("bulk.html", f=f, action=action, act=act, plan=p, earlier=earlier, problem=None)
+
+    def bulk_job(request: Request) -> Response:
+        job = dash.bulk_job(request.path_params["job_id"])
+        if job is None:
+            return HTMLResponse(
+                "no such bulk job (was the dashboard restarted?)", 404, headers=_HEADERS
+            )
+        w = job.plan.where
+        tags = tuple(f"{k[4:]}={v}" for k, v in w.items() if k.startswith("tag."))
+        back = Filters(w.get("status", ""), w.get("workflow", ""), w.get("version", ""), tags)
+        return page(
+            "bulk_job.html", job=job, act=ACTIONS[job.plan.action], job_params=back.params()
+        )
 
     async def letters(request: Request) -> Response:
         if dash.letters is None:
@@ -611,7 +650,8 @@ def create_app(dash: Dashboard, hosts: Sequence[str] | None = None) -> Starlette
             Route("/runs", runs),
             Route("/runs/{run_id:path}", run),
             Route("/action", act, methods=["POST"]),
-            Route("/bulk-cancel", bulk, methods=["POST"]),
+            Route("/bulk", bulk, methods=["POST"]),
+            Route("/bulk/{job_id}", bulk_job),
             Route("/versions", versions),
             Route("/schedules", schedules),
             Route("/tasks", tasks),
