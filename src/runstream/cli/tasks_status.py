@@ -101,7 +101,7 @@ def remote_attempts(facts: Iterable[Record], since_ms: int) -> dict[str, RemoteA
     show_default=True,
     help="Count the timeouts of this last while (30s, 15m, 2h, 1d).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
+@options.json_output
 def status(
     namespace: str, bootstrap: str | None, group: str | None, since: str, as_json: bool
 ) -> None:
