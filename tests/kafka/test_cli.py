@@ -73,16 +73,16 @@ def test_wait_timeout_json_publish_signal_with_start_and_cancel(kafka_bootstrap,
         assert (doc["run_id"], doc["signal_id"]) == ("s1", "once")
         assert doc["output"] == {"approved": True, "by": "bob"}
 
-        # publish: each event reaches the run waiting for it by key
+        # publish: each event reaches the run waiting for it by key, a resend (the same
+        # --event-id) once
         assert run("start", "listener", '"k1"', "--run-id", "l1").exit_code == 0
-        ids = set()
-        for n in range(10):
-            out = run(
-                "publish", "tick", json.dumps({"n": n}), "--key", "k1", "--ttl", "5m", "--json"
-            )
+        ids = []
+        for n in (0, 0, *range(1, 10)):
+            args = ["publish", "tick", json.dumps({"n": n}), "--key", "k1", "--ttl", "5m"]
+            out = run(*args, "--event-id", f"e{n}", "--json")
             assert out.exit_code == 0, out.output
-            ids.add(json.loads(out.stdout)["event_id"])
-        assert len(ids) == 10
+            ids.append(json.loads(out.stdout)["event_id"])
+        assert ids == ["e0", "e0", *(f"e{n}" for n in range(1, 10))]
         out = run("result", "l1", "--wait", "60", "--json")
         assert json.loads(out.stdout)["output"] == list(range(10)), out.output
 
