@@ -240,7 +240,6 @@ def _start_options(fn: Any) -> Any:
                 help="The run's execution timeout (seconds, or 30m, 1d), instead of the "
                 "workflow's.",
             ),
-            click.option("--run-timeout", type=DURATION, default=None, hidden=True),  # deprecated
             click.option(
                 "--wait",
                 type=DURATION,
@@ -280,32 +279,28 @@ def _run_timeout(timeout: float | None, run_timeout: float | None) -> float | No
 @click.argument("workflow")
 @click.argument("input", required=False)
 @click.option("--run-id", default=None, help="Idempotency: starting an existing id does nothing.")
+@click.option("--run-timeout", type=DURATION, default=None, hidden=True)  # was --timeout's name
 @_start_options
 def start(
     workflow: str,
     input: str | None,
     run_id: str | None,
+    run_timeout: float | None,
     namespace: str,
     bootstrap: str | None,
     version: str | None,
     tags: dict[str, str],
     timeout: float | None,
-    run_timeout: float | None,
     wait: float | None,
     as_json: bool,
 ) -> None:
     """Start WORKFLOW with INPUT (JSON); prints the run id (with --wait, then its output).
     A run that ends failed or cancelled exits 1."""
-    value = _json(input, "INPUT")
+    value, timeout = _json(input, "INPUT"), _run_timeout(timeout, run_timeout)
     with _client(namespace, bootstrap) as client:
         try:
             rid = client.start(
-                workflow,
-                value,
-                run_id=run_id,
-                version=version,
-                tags=tags,
-                timeout=_run_timeout(timeout, run_timeout),
+                workflow, value, run_id=run_id, version=version, tags=tags, timeout=timeout
             )
         except ValueError as exc:
             raise click.BadParameter(str(exc)) from None
@@ -334,7 +329,6 @@ def signal_with_start(
     version: str | None,
     tags: dict[str, str],
     timeout: float | None,
-    run_timeout: float | None,
     wait: float | None,
     as_json: bool,
 ) -> None:
@@ -354,7 +348,7 @@ def signal_with_start(
                 signal_id=signal_id,
                 version=version,
                 tags=tags,
-                timeout=_run_timeout(timeout, run_timeout),
+                timeout=timeout,
             )
         except ValueError as exc:
             raise click.BadParameter(str(exc)) from None
