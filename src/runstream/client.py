@@ -737,7 +737,7 @@ class Client:
         n = self._sender.partitions(topic, timeout)
         if n is None:
             raise TopicError(
-                f"topic {topic!r} does not exist: run `runstream topics create "
+                f"topic {topic!r} does not exist: run `runstream topics create -n "
                 f"{self.namespace}` or start an engine instance"
             )
         return n

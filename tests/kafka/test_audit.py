@@ -75,7 +75,7 @@ def test_a_clean_namespace_passes(kafka_bootstrap, finished_namespace):
         ("waiting", "the run has not finished (open signal wait)")
     ]
 
-    result = CliRunner().invoke(cli, ["audit", ns, "--bootstrap", kafka_bootstrap, "--json"])
+    result = CliRunner().invoke(cli, ["audit", "-n", ns, "--bootstrap", kafka_bootstrap, "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["violations"] == []
 
@@ -95,7 +95,7 @@ def test_a_duplicate_step_completed_fails_the_audit(kafka_bootstrap, finished_na
     producer.produce(f"{ns}.journal", other.value(), other.key(), partition=wrong)
     assert producer.flush(10) == 0
 
-    result = CliRunner().invoke(cli, ["audit", ns, "--bootstrap", kafka_bootstrap])
+    result = CliRunner().invoke(cli, ["audit", "-n", ns, "--bootstrap", kafka_bootstrap])
     assert result.exit_code == 1, result.output
     out = result.stdout
     assert "3 VIOLATIONS" in out
@@ -125,7 +125,7 @@ def test_a_visible_transaction_the_engine_named_aborted_and_a_torn_one_fail_the_
     )
     assert producer.flush(10) == 0
 
-    result = CliRunner().invoke(cli, ["audit", ns, "--bootstrap", kafka_bootstrap])
+    result = CliRunner().invoke(cli, ["audit", "-n", ns, "--bootstrap", kafka_bootstrap])
     assert result.exit_code == 1, result.output
     out = result.stdout
     assert f"transaction {seq} of writer {writer.decode()} is visible, but" in out

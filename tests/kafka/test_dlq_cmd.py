@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from confluent_kafka import Producer
 
 import runstream
+from runstream.cli import exits
 from runstream.cli.main import cli
 from runstream.engine.partitioner import partition_for
 from runstream.schemas.codec import Codec
@@ -119,7 +120,7 @@ def test_list_and_show_give_the_bad_input_records_with_their_reasons(engine, kaf
     assert out.exit_code == 0 and "\x00" not in out.output  # bytes shown escaped
 
     out = engine.cli("show", "99:99")
-    assert out.exit_code == 1
+    assert out.exit_code == exits.NOT_FOUND
     assert out.output.startswith("LetterNotFound: no dead letter at 99:99")
     assert len(out.output.strip().splitlines()) == 1
 
@@ -193,5 +194,5 @@ def test_redrive_from_file_produces_the_record_written_there(engine, tmp_path):
 
     fixed.write_text('{"type": "StartRun"')
     out = engine.cli("redrive", letter["id"], "--from-file", str(fixed))
-    assert out.exit_code == 1 and out.output.startswith("SchemaError: ")
+    assert out.exit_code == exits.ERROR and out.output.startswith("SchemaError: ")
     assert "is not JSON" in out.output

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 import runstream
 from runstream.audit import check_run
+from runstream.cli import exits
 from runstream.cli.main import cli
 
 from .kit import (
@@ -221,7 +222,7 @@ def test_the_cli_reads_an_event_and_asks_a_query(engine, kafka_bootstrap, ns, tm
     out = runner.invoke(cli, ["runs", "query", "cli1", "has", '"z"', *common])
     assert out.exit_code == 0 and out.output.strip() == "true", out.output
     out = runner.invoke(cli, ["runs", "query", "cli1", "nope", *common])
-    assert out.exit_code == 1 and "no query handler 'nope'" in out.output
+    assert out.exit_code == exits.ERROR and "no query handler 'nope'" in out.output
 
 
 def test_a_cancelled_run_keeps_its_events_and_a_wait_for_an_unset_key_ends(

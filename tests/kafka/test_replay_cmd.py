@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 import runstream
+from runstream.cli import exits
 from runstream.cli.main import cli
 
 from .kit import ThreadWorker, wait_for
@@ -138,15 +139,15 @@ def test_every_running_run_of_a_workflow_is_checked_with_a_summary(recorded):
     assert executed == []
 
 
-def test_mistakes_are_one_line_errors_with_exit_status_1(recorded, kafka_bootstrap):
+def test_mistakes_are_one_line_errors_with_their_exit_status(recorded, kafka_bootstrap):
     out = replay("no-such-run", "--app", CURRENT, *recorded)
-    assert out.exit_code == 1
+    assert out.exit_code == exits.NOT_FOUND
     assert out.output.startswith("RunNotFound: no run 'no-such-run' in ")
     assert "Traceback" not in out.output
 
     unknown = ["-n", "nosuchns", "--bootstrap", kafka_bootstrap]
     out = replay("done", "--app", CURRENT, *unknown)
-    assert out.exit_code == 1
+    assert out.exit_code == exits.ERROR
     assert out.output.startswith("TopicError: namespace 'nosuchns' is not set up")
     assert len(out.output.strip().splitlines()) == 1
 
@@ -154,7 +155,8 @@ def test_mistakes_are_one_line_errors_with_exit_status_1(recorded, kafka_bootstr
     out = CliRunner().invoke(
         cli, ["replay", "done", "--app", CURRENT, *nobody], env={"RUNSTREAM_CONNECT_TIMEOUT": "1"}
     )
-    assert out.exit_code == 1 and out.output.startswith("KafkaUnavailable: cannot reach Kafka")
+    assert out.exit_code == exits.KAFKA_UNREACHABLE
+    assert out.output.startswith("KafkaUnavailable: cannot reach Kafka")
     assert len(out.output.strip().splitlines()) == 1
 
     out = replay("done", "--app", "tests.kafka.no_such_module:app", *recorded)

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from confluent_kafka import Producer
 
 import runstream
+from runstream.cli import exits
 from runstream.cli.main import cli
 from runstream.cli.runs_cmd import model_path
 from runstream.projections.runs import RunsModel
@@ -312,9 +313,11 @@ def test_runs_errors_are_one_line_with_what_to_do(kafka_bootstrap, ns, tmp_path)
             *cache,
         ],
     }
+    codes = {"TopicError": exits.ERROR, "RunNotFound": exits.NOT_FOUND}
+    codes["KafkaUnavailable"] = exits.KAFKA_UNREACHABLE
     for start, args in cases.items():
         out = CliRunner().invoke(cli, args, env={"RUNSTREAM_CONNECT_TIMEOUT": "2"})
-        assert out.exit_code == 1, (args, out.output)
+        assert out.exit_code == codes[start.partition(":")[0]], (args, out.output)
         assert out.output.startswith(start) and out.output.count("\n") == 1, out.output
         assert "Traceback" not in out.output
 

@@ -202,7 +202,7 @@ def test_runs_cancel_where_run_again_later_cancels_the_runs_that_match_then(
         finally:
             worker.stop()
         # no engine: the cancels are sent, and nobody ends the runs before the job stops waiting
-        out = invoke(*where, *common, "--timeout", "0", "--json")
+        out = invoke(*where, *common, "--wait", "0", "--json")
         assert out.exit_code == 1, out.output
         assert sorted(json.loads(out.stdout)["open"]) == first
         worker = ThreadWorker(app, state)

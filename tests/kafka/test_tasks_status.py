@@ -16,7 +16,9 @@ import pytest
 from click.testing import CliRunner, Result
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from runstream.cli.tasks_status import age, status
+from runstream.cli import exits
+from runstream.cli.main import cli
+from runstream.cli.tasks_status import age
 from runstream.errors import STEP_TIMED_OUT
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
@@ -54,7 +56,7 @@ CODEC = Codec.default()
 def invoke(bootstrap: str, ns: str, *args: str) -> Result:
     # wide enough that rich never folds a cell of the human table
     return CliRunner().invoke(
-        status, ["-n", ns, "--bootstrap", bootstrap, *args], env={"COLUMNS": "200"}
+        cli, ["tasks", "status", "-n", ns, "--bootstrap", bootstrap, *args], env={"COLUMNS": "200"}
     )
 
 
@@ -276,7 +278,7 @@ def test_a_namespace_without_task_groups_says_so(kafka_bootstrap, ns):
 def test_an_unknown_group_is_a_clear_error(kafka_bootstrap, ns):
     ensure_topics(kafka_bootstrap, ns, PARTITIONS, task_groups=[PAY])
     out = invoke(kafka_bootstrap, ns, "--group", "nope")
-    assert out.exit_code != 0
+    assert out.exit_code == exits.NOT_FOUND and out.stderr.startswith("TaskGroupNotFound: ")
     assert "no task group 'nope'" in out.output and f"task groups there: {PAY}" in out.output
 
 

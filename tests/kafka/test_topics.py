@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from runstream.cli import exits
 from runstream.cli.main import cli
 from runstream.engine.partitioner import partition_for
 from runstream.errors import TopicError
@@ -94,7 +95,7 @@ def test_replication_beyond_the_cluster_is_a_topic_error(kafka_bootstrap: str, n
 
 
 def test_check_copartitioned_missing(kafka_bootstrap: str, ns: str) -> None:
-    with pytest.raises(TopicError, match=rf"runstream topics create {ns}"):
+    with pytest.raises(TopicError, match=rf"runstream topics create -n {ns}"):
         check_copartitioned(kafka_bootstrap, ns)
     rows = describe_topics(kafka_bootstrap, ns)
     assert rows and not any(r["exists"] for r in rows)
@@ -123,16 +124,16 @@ def test_check_copartitioned_mismatch(kafka_bootstrap: str, ns: str) -> None:
 def test_cli_create_and_describe(kafka_bootstrap: str, ns: str) -> None:
     runner = CliRunner()
     result = runner.invoke(
-        cli, ["topics", "create", ns, "--partitions", "2", "--bootstrap", kafka_bootstrap]
+        cli, ["topics", "create", "-n", ns, "--partitions", "2", "--bootstrap", kafka_bootstrap]
     )
     assert result.exit_code == 0, result.output
     assert f"created {ns}.journal" in result.output
     again = runner.invoke(
-        cli, ["topics", "create", ns, "--partitions", "2", "--bootstrap", kafka_bootstrap]
+        cli, ["topics", "create", "-n", ns, "--partitions", "2", "--bootstrap", kafka_bootstrap]
     )
     assert again.exit_code == 0 and "already exist" in again.output
 
-    described = runner.invoke(cli, ["topics", "describe", ns, "--bootstrap", kafka_bootstrap])
+    described = runner.invoke(cli, ["topics", "describe", "-n", ns, "--bootstrap", kafka_bootstrap])
     assert described.exit_code == 0, described.output
     lines = described.output.splitlines()
     assert lines[0].split()[:3] == ["TOPIC", "PARTITIONS", "RF"]
@@ -140,8 +141,8 @@ def test_cli_create_and_describe(kafka_bootstrap: str, ns: str) -> None:
     assert journal.split()[1:5] == ["2", "1", "delete", "-1"]
 
     wrong = runner.invoke(
-        cli, ["topics", "create", ns, "--partitions", "5", "--bootstrap", kafka_bootstrap]
+        cli, ["topics", "create", "-n", ns, "--partitions", "5", "--bootstrap", kafka_bootstrap]
     )
-    assert wrong.exit_code == 1  # one line, the CLI's one error format
+    assert wrong.exit_code == exits.ERROR  # one line, the CLI's one error format
     assert wrong.stderr.startswith("TopicError: ") and "fixed" in wrong.stderr
     assert len(wrong.stderr.splitlines()) == 1

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from runstream.cli import exits
 from runstream.errors import KafkaUnavailable
 from runstream.topics.admin import client_config, ensure_topics, max_record_bytes
 
@@ -48,12 +49,12 @@ def _runstream(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[s
     [["start", "three_steps", '{"x": 1}', "-n", "t1"], ["get", "x", "-n", "t1"]],
     ids=["start", "get"],
 )
-def test_a_command_without_kafka_says_so_in_one_line_and_exits_1(args):
+def test_a_command_without_kafka_says_so_in_one_line_and_exits_4(args):
     began = time.monotonic()
     done = _runstream(*args, "--bootstrap", NOWHERE)
     took = time.monotonic() - began
     lines = done.stderr.strip().splitlines()
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == exits.KAFKA_UNREACHABLE == 4, done.stderr
     assert len(lines) <= 5 and "Traceback" not in done.stderr, done.stderr
     assert lines[-1].startswith("KafkaUnavailable: cannot reach Kafka at 127.0.0.1:1")
     assert "runstream kafka status" in lines[-1]
@@ -63,7 +64,7 @@ def test_a_command_without_kafka_says_so_in_one_line_and_exits_1(args):
 
 def test_verbose_shows_the_traceback_and_librdkafka():
     done = _runstream("-v", "get", "x", "-n", "t1", "--bootstrap", NOWHERE)
-    assert done.returncode == 1
+    assert done.returncode == exits.KAFKA_UNREACHABLE
     assert "Traceback" in done.stderr and "runstream.librdkafka" in done.stderr
 
 

@@ -13,7 +13,6 @@ from runstream.cli.dlq_cmd import (
     from_document,
     parse_id,
     selected,
-    since_ms,
     to_document,
 )
 from runstream.engine import payload
@@ -85,15 +84,6 @@ def test_letters_are_named_by_partition_and_offset_or_an_unambiguous_offset():
         find(entries, "2:3")
     with pytest.raises(click.BadParameter):
         parse_id("x:1")
-
-
-def test_since_takes_a_duration_or_an_iso_time():
-    now = 1_700_000_000_000
-    assert since_ms("2h", now) == now - 7_200_000
-    assert since_ms("2023-11-14T22:13:20", now) == now  # UTC when no zone is named
-    assert since_ms("2023-11-14T23:13:20+01:00", now) == now
-    with pytest.raises(click.BadParameter):
-        since_ms("yesterday", now)
 
 
 def test_selection_by_time_and_by_reason_or_code_in_any_case():

@@ -1,26 +1,25 @@
-"""`runstream audit NAMESPACE`: check a namespace's whole journal; exit 1 on a violation."""
+"""`runstream audit -n NAMESPACE`: check a namespace's whole journal; exit 1 on a violation."""
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
 from runstream.audit import audit as run_audit
-from runstream.cli import options
+from runstream.cli import exits, options
 from runstream.settings import Settings
 
 
 @click.command()
-@click.argument("namespace")
+@options.namespace_compat
 @options.bootstrap
 @click.option(
     "--expect-finished",
     is_flag=True,
     help="Every run must have finished: a suspended run is a violation too.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@options.json_output
 def audit(namespace: str, bootstrap: str | None, expect_finished: bool, as_json: bool) -> None:
     """Read NAMESPACE's journal and dlq and check every run's invariants.
 
@@ -30,6 +29,8 @@ def audit(namespace: str, bootstrap: str | None, expect_finished: bool, as_json:
     an unfinished run waits for something. And the engine's transactions: none it
     gave up (aborted) is visible, none is torn across partitions, no transaction
     sequence number is used twice or lost. Exits 1 if anything is violated.
+
+    The namespace as an argument (audit NAMESPACE) still works, deprecated: use -n.
     """
 
     def progress(facts: int, seconds: float) -> None:
@@ -40,7 +41,7 @@ def audit(namespace: str, bootstrap: str | None, expect_finished: bool, as_json:
         s.bootstrap(), namespace, expect_finished=expect_finished, progress=progress, kafka=s.kafka
     )
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        options.emit(True, report.to_dict())
     else:
         click.echo(
             f"namespace {namespace}: {report.runs:,} runs, {report.facts:,} facts in "
@@ -63,4 +64,4 @@ def audit(namespace: str, bootstrap: str | None, expect_finished: bool, as_json:
             for v in report.violations:
                 click.echo(f"  {v}")
     if not report.ok:
-        sys.exit(1)
+        sys.exit(exits.NO)

@@ -14,9 +14,7 @@ itself, and a record that fails again comes back to the dlq with its redrive cou
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import IO, Any
 
 import click
@@ -24,11 +22,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from runstream.cli import options
+from runstream.cli import exits, options
 from runstream.engine import payload
 from runstream.engine.partitioner import partition_for
-from runstream.engine.workflow import seconds
-from runstream.errors import DecodeError, RunstreamError, SchemaError, TopicError
+from runstream.errors import DecodeError, SchemaError, TopicError
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
     COMMANDS,
@@ -50,7 +47,7 @@ _COMMAND_NAMES = frozenset(cls.AVRO for cls in COMMANDS)
 _BYTES = "$bytes"
 
 
-class LetterNotFound(RunstreamError):
+class LetterNotFound(exits.NotFound):
     """No dead letter at that place in the dlq."""
 
 
@@ -90,24 +87,6 @@ def find(entries: list[Entry], text: str) -> Entry:
         where = ", ".join(e.id for e in hits)
         raise LetterNotFound(f"offset {offset} is in several partitions ({where}): say which")
     return hits[0]
-
-
-def since_ms(text: str, now_ms: int) -> int:
-    """``--since``: a duration back from now ("30m", "2h", "1d") or an ISO date and time
-    (UTC unless it names its zone) -> epoch milliseconds."""
-    try:
-        return now_ms - int(seconds(text) * 1000)
-    except ValueError:
-        pass
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
-        raise click.BadParameter(
-            f"{text!r} is neither a duration (30m, 2h, 1d) nor an ISO time", param_hint="--since"
-        ) from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return int(when.timestamp() * 1000)
 
 
 def selected(entry: Entry, since: int | None, reason: str | None) -> bool:
@@ -162,7 +141,7 @@ def letter_dict(entry: Entry, codec: Codec | None = None) -> dict[str, Any]:
     if letter is None:
         return {**out, "problem": entry.problem}
     out |= {
-        "at": _iso(letter.at_ms),
+        "at": options.iso(letter.at_ms),
         "code": letter.code,
         "reason": letter.reason,
         "run_id": letter.run_id,
@@ -188,10 +167,6 @@ def _payload(value: bytes) -> Any:
 
 def _bytes(value: bytes) -> dict[str, str]:
     return {_BYTES: value.decode("utf-8", "surrogateescape")}
-
-
-def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
 
 
 # -- Kafka ---------------------------------------------------------------------------------
@@ -226,21 +201,23 @@ def dlq() -> None:
 @dlq.command("list")
 @options.namespace
 @options.bootstrap
-@click.option("--since", default=None, help="Only letters this recent: 30m, 2h, 1d or ISO time.")
+@click.option(
+    "--since", default=None, help="Only letters this recent: 30m, 2h, 1d or a UTC ISO time."
+)
 @click.option("--reason", default=None, help="Only letters whose reason or code has TEXT.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@options.json_output
 def list_letters(
     namespace: str, bootstrap: str | None, since: str | None, reason: str | None, as_json: bool
 ) -> None:
     """List the dead letters of NAMESPACE, oldest first in each partition."""
     settings = Settings().with_bootstrap(bootstrap)
-    after = None if since is None else since_ms(since, int(time.time() * 1000))
+    after = options.time_ms(since, "--since")
     entries = [e for e in read_letters(settings, namespace) if selected(e, after, reason)]
     if as_json:
         click.echo(json.dumps([letter_dict(e) for e in entries], indent=2))
         return
     table = Table(box=box.SIMPLE, pad_edge=False)
-    for name in ("ID", "AT (UTC)", "CODE"):
+    for name in ("ID", "AT", "CODE"):
         table.add_column(name, no_wrap=True)
     table.add_column("RUN", overflow="fold")
     table.add_column("REDRIVES", no_wrap=True)
@@ -250,7 +227,7 @@ def list_letters(
         if letter is None:
             table.add_row(e.id, "", "", "", "", f"not a dead letter: {e.problem}")
             continue
-        when = _iso(letter.at_ms)[:16].replace("T", " ")
+        when = options.iso(letter.at_ms)
         redrives = str(letter.redrives or "")
         reason = letter.reason.splitlines()[0] if letter.reason else ""
         table.add_row(e.id, when, letter.code, letter.run_id or "", redrives, reason)
@@ -265,7 +242,7 @@ def list_letters(
 @click.argument("letter_id", metavar="PARTITION:OFFSET")
 @options.namespace
 @options.bootstrap
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@options.json_output
 def show(letter_id: str, namespace: str, bootstrap: str | None, as_json: bool) -> None:
     """Show one dead letter: why, where the original came from, and the original record
     (decoded when it can be)."""
@@ -301,7 +278,7 @@ def show(letter_id: str, namespace: str, bootstrap: str | None, as_json: bool) -
     default=None,
     help="Produce this JSON record (as --edit shows it) instead of the original.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@options.json_output
 def redrive(
     letter_ids: tuple[str, ...],
     namespace: str,

@@ -23,7 +23,7 @@ import click
 
 from runstream.cli import options
 from runstream.cli.options import namespace
-from runstream.cli.runs_cmd import _time, cache, caught_up
+from runstream.cli.runs_cmd import cache, caught_up
 from runstream.projections.runs import RunQuery, RunRow, RunsModel
 from runstream.schemas.records import Status
 
@@ -77,8 +77,11 @@ def rows(model: RunsModel, query: RunQuery) -> Iterator[RunRow]:
 )
 @click.option("--status", type=click.Choice([s.value for s in Status]), default=None)
 @click.option("--workflow", default=None)
-@click.option("--since", default=None, help="Started within this long (1h, 2d) or since a date.")
+@click.option(
+    "--since", default=None, help="Started within this long (1h, 2d) or since a UTC time."
+)
 @cache
+@options.json_output
 def export(
     namespace: str,
     bootstrap: str | None,
@@ -88,12 +91,13 @@ def export(
     workflow: str | None,
     since: str | None,
     cache_dir: Path | None,
+    as_json: bool,
 ) -> None:
     """Every run of NAMESPACE (one row per run, from the runs read model) as JSON lines
-    or Parquet, for one-off analysis."""
+    or Parquet, for one-off analysis. With --output and --json, the summary is JSON."""
     if fmt == "parquet" and output is None:
         raise click.UsageError("--format parquet needs --output FILE")
-    query = RunQuery(status=status, workflow=workflow, since_ms=_time(since, "--since"))
+    query = RunQuery(status=status, workflow=workflow, since_ms=options.time_ms(since, "--since"))
     with caught_up(namespace, bootstrap, cache_dir) as (model, _):
         if fmt == "jsonl" and output is None:
             n = _jsonl(rows(model, query), sys.stdout)
@@ -104,7 +108,9 @@ def export(
         else:
             assert output is not None
             n = _parquet(rows(model, query), output)
-    if output is not None:
+    if as_json and output is not None:
+        options.emit(True, {"runs": n, "format": fmt, "output": str(output)})
+    elif output is not None:
         click.echo(f"{n:,} runs written to {output}", err=True)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from runstream.cli import exits, options
 from runstream.dev import localkafka
 from runstream.settings import kafka_key_env
 
@@ -27,9 +28,14 @@ def kafka() -> None:
     show_default=True,
     help="sasl_ssl: SCRAM-SHA-512 over TLS (a throwaway CA) with ACLs on.",
 )
-def up(nodes: str, port: int | None, security: str) -> None:
+@options.json_output
+def up(nodes: str, port: int | None, security: str, as_json: bool) -> None:
     """Start a broker (or a 3-node cluster) in the background."""
-    state = localkafka.up(nodes=int(nodes), port=port, progress=click.echo, security=security)
+    say = (lambda line: click.echo(line, err=True)) if as_json else click.echo
+    state = localkafka.up(nodes=int(nodes), port=port, progress=say, security=security)
+    if as_json:
+        options.emit(True, state)
+        return
     click.echo(f"Kafka is up at {state['bootstrap']} ({state['startup_seconds']:.1f} s)")
     click.echo(f"logs: {state['work_dir']}")
     if security == "sasl_ssl":
@@ -57,19 +63,22 @@ def _print_secured(state: dict[str, Any]) -> None:
 
 
 @kafka.command()
-def down() -> None:
+@options.json_output
+def down(as_json: bool) -> None:
     """Stop the broker(s) `up` started and delete their data."""
     pids = localkafka.down()
-    click.echo(f"stopped pids {', '.join(map(str, pids))}" if pids else "not running")
+    text = f"stopped pids {', '.join(map(str, pids))}" if pids else "not running"
+    options.emit(as_json, {"stopped": pids}, text)
 
 
 @kafka.command()
-def status() -> None:
+@options.json_output
+def status(as_json: bool) -> None:
     """Show whether the local broker runs, and where (exit code 1 when it does not)."""
     st = localkafka.status()
-    if not st["running"]:
-        click.echo("not running")
-        sys.exit(1)
+    if as_json or not st["running"]:
+        options.emit(as_json, st, "not running")
+        sys.exit(exits.OK if st["running"] else exits.NO)
     alive = zip(st["pids"], st["alive"], strict=True)
     pids = ", ".join(f"{p}{'' if a else ' (dead)'}" for p, a in alive)
     click.echo(f"running at {st['bootstrap']} ({st.get('security', 'plaintext')})")

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
+import json
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import click
+from click.core import ParameterSource
 
+from runstream.engine.workflow import seconds
 from runstream.errors import TopicError
 from runstream.settings import Settings, kafka_key_env
 from runstream.topics.admin import client_config, wait_for_cluster
@@ -71,6 +77,147 @@ namespace = click.option(
     help="The App's namespace (default: $RUNSTREAM_NAMESPACE).",
 )
 
+
+def _namespace_or_positional(fn: F) -> F:
+    """The old spelling, ``COMMAND NAMESPACE``, still works, with a warning on stderr."""
+
+    @functools.wraps(fn)
+    def command(*args: Any, legacy_namespace: str | None, namespace: str | None, **kw: Any) -> Any:
+        if legacy_namespace is not None:
+            source = click.get_current_context().get_parameter_source("namespace")
+            if source is ParameterSource.COMMANDLINE and namespace != legacy_namespace:
+                raise click.UsageError(f"two namespaces: -n {namespace} and {legacy_namespace}")
+            click.echo(
+                f"warning: the namespace as an argument is deprecated: use -n {legacy_namespace}",
+                err=True,
+            )
+            namespace = legacy_namespace
+        if namespace is None:
+            raise click.MissingParameter(param_type="option", param_hint="'-n' / '--namespace'")
+        return fn(*args, namespace=namespace, **kw)
+
+    return command  # type: ignore[return-value]
+
+
+def namespace_compat(fn: F) -> F:
+    """``-n/--namespace`` for a command that took the namespace as its first argument
+    (`audit`, `topics create|describe`): the argument is still read, deprecated."""
+    fn = _namespace_or_positional(fn)
+    fn = click.option(
+        "-n",
+        "--namespace",
+        envvar="RUNSTREAM_NAMESPACE",
+        default=None,
+        help="The App's namespace (default: $RUNSTREAM_NAMESPACE).",
+    )(fn)
+    return click.argument("legacy_namespace", required=False, metavar="[NAMESPACE]")(fn)
+
+
+#: ``--where``'s help, for every command that selects runs by it.
+WHERE = "Which runs: comma-separated status=S, workflow=W, version=V, tag.K=V."
+
+# -- one spelling everywhere: --json, --tag, --wait, times ---------------------------------
+
+json_output = click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Machine output: one JSON document on stdout (JSON lines for a stream).",
+)
+
+
+def emit(as_json: bool, doc: Any, text: str | None = None) -> None:
+    """The command's answer: ``doc`` as JSON with --json, else ``text`` (if any)."""
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+    elif text is not None:
+        click.echo(text)
+
+
+def parse_tags(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """``("team=pay", "env=prod")`` -> a dict; a pair without ``=`` or key is a usage error."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--tag")
+        out[key.strip()] = value
+    return out
+
+
+def tags(help: str) -> Callable[[F], F]:
+    """``--tag KEY=VALUE`` (repeatable), given to the command as ``tags``, a dict."""
+    return click.option(
+        "--tag",
+        "tags",
+        multiple=True,
+        metavar="KEY=VALUE",
+        callback=lambda _c, _p, v: parse_tags(v),
+        help=help,
+    )
+
+
+class Duration(click.ParamType[float]):
+    """Seconds, or a duration with a unit: 30, 1.5, 30s, 5m, 2h, 1d."""
+
+    name = "duration"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        try:
+            return float(seconds(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION = Duration()
+
+
+def wait_option(default: float | None, what: str) -> Callable[[F], F]:
+    """``--wait DURATION``: how long the command waits for ``what``; a run's own time
+    limit is ``--timeout`` (as in `Client.start`), never this."""
+    return click.option(
+        "--wait",
+        "wait",
+        type=DURATION,
+        default=default,
+        show_default=default is not None,
+        help=f"How long to wait for {what} (seconds, or 30s, 5m).",
+    )
+
+
+def time_ms(text: str | None, option: str, now_ms: int | None = None) -> int | None:
+    """``--since``/``--until``: a duration back from now (30m, 2h, 1d) or an ISO 8601 time,
+    UTC unless it names its zone (2025-01-31T12:00Z) -> epoch ms."""
+    if text is None:
+        return None
+    try:
+        now = time.time() * 1000 if now_ms is None else now_ms
+        return int(now - seconds(text) * 1000)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is neither a duration (30m, 2h, 1d) nor an ISO time (2025-01-31T12:00Z)",
+            param_hint=option,
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return int(when.timestamp() * 1000)
+
+
+def iso(ms: int | None, precise: bool = False) -> str | None:
+    """Epoch ms as the CLI prints every time: UTC, ISO 8601, with Z (``precise``: with
+    milliseconds)."""
+    if ms is None:
+        return None
+    when = datetime.fromtimestamp(ms / 1000, UTC).replace(tzinfo=None)
+    return when.isoformat(timespec="milliseconds" if precise else "seconds") + "Z"
+
+
 # Settings the `worker` command takes as options (every engine knob), and how to name them.
 ENGINE_FIELDS = (
     "instance_id",
@@ -97,24 +244,34 @@ ENGINE_FIELDS = (
 _RENAMED = {"instance_id": "instance", "step_concurrency": "concurrency"}
 
 
-def _log_format(_ctx: click.Context, _param: click.Parameter, value: str) -> None:
-    if value == "json":  # the group set logging up before this option's callback runs
+def _log_format(_ctx: click.Context, _param: click.Parameter, value: str | bool) -> None:
+    if value in ("json", True):  # the group set logging up before this option's callback runs
         from runstream.jsonlog import use_json_logs
 
         use_json_logs()
 
 
-log_format = click.option(
-    "--log-format",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    envvar="RUNSTREAM_LOG_FORMAT",
-    expose_value=False,
-    callback=_log_format,
-    help="json: one JSON object per log line, with run_id where it applies "
-    "(default: $RUNSTREAM_LOG_FORMAT).",
-)
+def log_format(fn: F) -> F:
+    """``--log-format text|json`` and ``--json`` (the same as ``--log-format json``): the
+    ``--json`` of a long-running command is its log, as JSON lines."""
+    fn = click.option(
+        "--json",
+        is_flag=True,
+        expose_value=False,
+        callback=_log_format,
+        help="Log JSON lines (the same as --log-format json).",
+    )(fn)
+    return click.option(
+        "--log-format",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        show_default=True,
+        envvar="RUNSTREAM_LOG_FORMAT",
+        expose_value=False,
+        callback=_log_format,
+        help="json: one JSON object per log line, with run_id where it applies "
+        "(default: $RUNSTREAM_LOG_FORMAT).",
+    )(fn)
 
 
 def engine_options(fn: F) -> F:

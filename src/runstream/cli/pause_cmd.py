@@ -4,7 +4,6 @@ meanwhile is recorded and reaches its code on unpause (docs/guides/pause.md)."""
 
 from __future__ import annotations
 
-import json
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -19,15 +18,13 @@ from runstream.pausing import bulk, who
 from runstream.schemas.records import Status
 from runstream.settings import Settings
 
-WHERE = "Which runs: comma-separated status=S, workflow=W, version=V, tag.K=V."
-
 
 def _command(unpause: bool) -> click.Command:
     verb = "unpause" if unpause else "pause"
 
     @click.command(verb)
     @click.argument("run_ids", nargs=-1)
-    @click.option("--where", default=None, help=WHERE)
+    @click.option("--where", default=None, help=options.WHERE)
     @namespace
     @options.bootstrap
     @click.option("--reason", default="", help="Why, for the runs' history.")
@@ -54,7 +51,7 @@ def _command(unpause: bool) -> click.Command:
                 send = client.unpause if unpause else client.pause
                 for run_id in run_ids:
                     send(run_id, reason=why, by=who(), wait=False)
-            _done(as_json, {"runs": list(run_ids)}, f"{verb} sent for {len(run_ids)} run(s)")
+            options.emit(as_json, {"runs": list(run_ids)}, f"{verb} sent for {len(run_ids)} run(s)")
             return
         assert where is not None
         conditions = parse_where(where)
@@ -81,7 +78,7 @@ def _command(unpause: bool) -> click.Command:
             if dry_run
             else f"{verb} sent for {len(runs)} runs ({where})"
         )
-        _done(as_json, {"dry_run": dry_run, "where": conditions, "runs": runs}, text)
+        options.emit(as_json, {"dry_run": dry_run, "where": conditions, "runs": runs}, text)
 
     command.help = (
         "Let paused runs go on: their code sees, once, what was recorded while paused."
@@ -91,10 +88,6 @@ def _command(unpause: bool) -> click.Command:
         "code on unpause. A cancel and the run timeout still end a paused run."
     )
     return command
-
-
-def _done(as_json: bool, doc: object, text: str) -> None:
-    click.echo(json.dumps(doc, indent=2) if as_json else text)
 
 
 pause = _command(unpause=False)

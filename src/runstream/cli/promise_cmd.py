@@ -23,7 +23,10 @@ def promise() -> None:
 @click.argument("value", required=False)
 @options.namespace
 @options.bootstrap
-def resolve(promise_id: str, value: str | None, namespace: str, bootstrap: str | None) -> None:
+@options.json_output
+def resolve(
+    promise_id: str, value: str | None, namespace: str, bootstrap: str | None, as_json: bool
+) -> None:
     """Resolve PROMISE_ID with VALUE (JSON; null if left out)."""
     _check(promise_id)
     try:
@@ -32,6 +35,7 @@ def resolve(promise_id: str, value: str | None, namespace: str, bootstrap: str |
         raise click.BadParameter(f"not JSON: {exc}", param_hint="VALUE") from None
     with Client(namespace, bootstrap) as client:
         client.resolve(promise_id, data)
+    options.emit(as_json, {"promise_id": promise_id, "resolved": data})
 
 
 @promise.command()
@@ -39,11 +43,15 @@ def resolve(promise_id: str, value: str | None, namespace: str, bootstrap: str |
 @click.argument("message")
 @options.namespace
 @options.bootstrap
-def reject(promise_id: str, message: str, namespace: str, bootstrap: str | None) -> None:
+@options.json_output
+def reject(
+    promise_id: str, message: str, namespace: str, bootstrap: str | None, as_json: bool
+) -> None:
     """Reject PROMISE_ID with MESSAGE: the workflow's await raises PromiseRejected."""
     _check(promise_id)
     with Client(namespace, bootstrap) as client:
         client.reject(promise_id, message)
+    options.emit(as_json, {"promise_id": promise_id, "rejected": message})
 
 
 def _check(promise_id: str) -> None:

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from runstream.cli import options
+from runstream.cli import exits, options
 from runstream.engine.partitioner import partition_for
 from runstream.engine.reducer import apply
 from runstream.engine.replay import (
@@ -178,7 +178,7 @@ def read_history(
     type=click.Choice(_STATUSES),
     help="With --workflow: the runs' status (repeatable; default: open, every run not ended).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@options.json_output
 def replay_cmd(
     run_id: str | None,
     target: str,
@@ -217,7 +217,7 @@ def replay_cmd(
     finally:
         budget.close()
     if not all(v.fits for v in verdicts):
-        sys.exit(1)
+        sys.exit(exits.NO)
 
 
 def _one(

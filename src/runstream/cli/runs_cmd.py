@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from runstream.cli import options
 from runstream.cli.options import namespace
 from runstream.errors import DecodeError, RunNotFound
 from runstream.operations import caught_up as model_caught_up
-from runstream.operations import journal, no_namespace, plain, reader, time_ms, took
+from runstream.operations import journal, no_namespace, plain, reader, took
 from runstream.operations import model_path as model_path  # where it was: tests import it
 from runstream.projections.runs import CatchUp, RunQuery, RunRow, RunsModel
 from runstream.schemas.codec import Codec
@@ -37,7 +36,7 @@ from runstream.topics.spec import Topics
 #: Show a progress bar when a catch-up has more lifecycle records than this to read.
 PROGRESS_FROM = 3000
 
-as_json = click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
+as_json = options.json_output
 cache = click.option(
     "--cache-dir",
     type=click.Path(path_type=Path),
@@ -99,13 +98,11 @@ def runs() -> None:
 @click.option(
     "--version", "version_", default=None, help="Workflow version (with or without --workflow)."
 )
+@options.tags("Repeatable: all must match.")
 @click.option(
-    "--tag", "tags", multiple=True, metavar="KEY=VALUE", help="Repeatable: all must match."
+    "--since", default=None, help="Started within this long (1h, 30m, 2d) or since a UTC time."
 )
-@click.option(
-    "--since", default=None, help="Started within this long (1h, 30m, 2d) or since a date."
-)
-@click.option("--until", default=None, help="Started before this long ago, or this date.")
+@click.option("--until", default=None, help="Started before this long ago, or this UTC time.")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1))
 @click.option(
     "--after", default=None, help="Continue a listing: the position the previous page ended at."
@@ -118,7 +115,7 @@ def list_runs(
     status: str | None,
     workflow: str | None,
     version_: str | None,
-    tags: tuple[str, ...],
+    tags: dict[str, str],
     since: str | None,
     until: str | None,
     limit: int,
@@ -131,9 +128,9 @@ def list_runs(
         status=status,
         workflow=workflow,
         version=version_,
-        tags=_tags(tags),
-        since_ms=_time(since, "--since"),
-        until_ms=_time(until, "--until"),
+        tags=tags,
+        since_ms=options.time_ms(since, "--since"),
+        until_ms=options.time_ms(until, "--until"),
     )
     with caught_up(namespace, bootstrap, cache_dir) as (model, done):
         try:
@@ -383,30 +380,9 @@ def _fact_detail(fact: Record) -> str:
     )
 
 
-def _tags(pairs: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--tag")
-        out[key] = value
-    return out
-
-
-def _time(value: str | None, option: str) -> int | None:
-    """``1h`` (that long ago) or an ISO date/time (local unless it names a zone) -> epoch ms."""
-    try:
-        return None if value is None else time_ms(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint=option) from None
-
-
 def _when(at_ms: int, precise: bool = False) -> str:
-    """Epoch ms as local time; ``precise`` adds the milliseconds."""
-    if not at_ms:
-        return ""
-    text = datetime.fromtimestamp(at_ms / 1000).strftime("%Y-%m-%d %H:%M:%S.%f")
-    return text[:-3] if precise else text[:-7]
+    """Epoch ms as the CLI shows times (`options.iso`); nothing for 0."""
+    return (options.iso(at_ms, precise) or "") if at_ms else ""
 
 
 def _warn(message: str) -> None:

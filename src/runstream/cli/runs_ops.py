@@ -1,12 +1,14 @@
-"""`runstream runs retry|resume|cancel`: act on runs, one by id or many at once.
+"""`runstream runs retry|resume` and `runstream cancel` (also `runs cancel`): act on runs,
+one by id or many at once.
 
-``runs cancel --where`` is a durable job (`operations.bulk_cancel`, as
+``cancel --where`` is a durable job (`operations.bulk_cancel`, as
 `Client.cancel_where`): killed, the same command resumes it where it stopped.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TextIO
@@ -15,9 +17,9 @@ import click
 from rich.console import Console
 from rich.progress import Progress
 
-from runstream.cli import options
+from runstream.cli import exits, options
 from runstream.cli.options import namespace
-from runstream.cli.runs_cmd import as_json, cache
+from runstream.cli.runs_cmd import cache
 from runstream.client import Client
 from runstream.operations import CancelJob as CancelJob  # where it was: tests import it
 from runstream.operations import bulk_cancel
@@ -37,12 +39,14 @@ from runstream.settings import Settings
     help="Retry one ended run as a new run with this JSON input instead ('-': stdin).",
 )
 @click.option("--reason", default="", help="Why, for the run's history.")
+@options.json_output
 def retry(
     run_ids: tuple[str, ...],
     namespace: str,
     bootstrap: str | None,
     input_file: TextIO | None,
     reason: str,
+    as_json: bool,
 ) -> None:
     """Let failed or dead runs go on from their last completed step: the steps after it
     that failed run again (a completed step never does). Parked runs are tried again.
@@ -57,55 +61,71 @@ def retry(
             raise click.BadParameter(f"not JSON: {exc}", param_hint="--input") from None
         with Client(namespace, bootstrap) as client:
             new = client.retry(run_ids[0], input=new_input, reason=why)
-        click.echo(f"retry of {run_ids[0]} as new run {new} sent")
+        doc = {"runs": [run_ids[0]], "new_run_id": new}
+        options.emit(as_json, doc, f"retry of {run_ids[0]} as new run {new} sent")
         return
     with Client(namespace, bootstrap) as client:
         for run_id in run_ids:
             client.retry(run_id, reason=why)
-    click.echo(f"retry sent for {len(run_ids)} run(s); follow with `runstream runs show`")
+    text = f"retry sent for {len(run_ids)} run(s); follow with `runstream runs show`"
+    options.emit(as_json, {"runs": list(run_ids)}, text)
 
 
 @click.command("resume")
 @click.argument("run_ids", nargs=-1, required=True)
 @namespace
 @options.bootstrap
-def resume(run_ids: tuple[str, ...], namespace: str, bootstrap: str | None) -> None:
+@options.json_output
+def resume(run_ids: tuple[str, ...], namespace: str, bootstrap: str | None, as_json: bool) -> None:
     """Try parked runs again now (their code or version may be back)."""
     with Client(namespace, bootstrap) as client:
         for run_id in run_ids:
             client.retry(run_id, reason="runstream runs resume")
-    click.echo(f"resume sent for {len(run_ids)} run(s)")
+    options.emit(as_json, {"runs": list(run_ids)}, f"resume sent for {len(run_ids)} run(s)")
 
 
 @click.command("cancel")
-@click.option(
-    "--where",
-    required=True,
-    help="Which runs: comma-separated status=S, workflow=W, version=V, tag.K=V.",
-)
+@click.argument("run_ids", nargs=-1)
+@click.option("--where", default=None, help=options.WHERE + " A job that survives being killed.")
 @namespace
 @options.bootstrap
-@click.option("--dry-run", is_flag=True, help="Only say which runs would be cancelled.")
 @click.option("--compensate", is_flag=True, help="Run each run's compensations first.")
+@click.option("--reason", default="", help="Why, for the runs' history.")
+@click.option(
+    "--dry-run", is_flag=True, help="With --where: only say which runs would be cancelled."
+)
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="At most this many cancels per second.")  # fmt: skip
-@click.option("--timeout", type=float, default=120.0, show_default=True,
-              help="Seconds to wait for the runs to end once every cancel is sent.")  # fmt: skip
+              help="With --where: at most this many cancels per second.")  # fmt: skip
+@options.wait_option(120.0, "the runs to end once every cancel is sent (with --where)")
 @cache
-@as_json
-def cancel_where(
-    where: str,
+@options.json_output
+def cancel(
+    run_ids: tuple[str, ...],
+    where: str | None,
     namespace: str,
     bootstrap: str | None,
-    dry_run: bool,
     compensate: bool,
+    reason: str,
+    dry_run: bool,
     rate: float | None,
-    timeout: float,
+    wait: float,
     cache_dir: Path | None,
     as_json: bool,
 ) -> None:
-    """Cancel every run matching --where, as a job that survives being killed: run the
-    same command again and it goes on where it stopped."""
+    """Cancel RUN_IDS, or every run matching --where. The --where form is a job that
+    survives being killed: run the same command again and it goes on where it stopped;
+    it exits 1 if runs have not ended within --wait."""
+    if bool(run_ids) == (where is not None):
+        raise click.UsageError("name the runs, or select them with --where (not both)")
+    if run_ids:
+        if dry_run or rate is not None:
+            raise click.UsageError("--dry-run and --rate go with --where")
+        with Client(namespace, bootstrap) as client:
+            for run_id in run_ids:
+                client.cancel(run_id, compensate=compensate, reason=reason)
+        options.emit(as_json, {"runs": list(run_ids)}, None)
+        return
+    assert where is not None
     conditions = parse_where(where)
     say = _Say(as_json)
     with ExitStack() as stack, _bar(as_json) as bar:
@@ -125,9 +145,9 @@ def cancel_where(
                 lambda: stack.enter_context(Client(namespace, bootstrap)),
                 conditions,
                 compensate=compensate,
-                reason=f"runstream runs cancel --where {where}",
+                reason=reason or f"runstream cancel --where {where}",
                 rate=rate,
-                timeout=timeout,
+                timeout=wait,
                 dry_run=dry_run,
                 base=cache_dir,
                 progress=progress,
@@ -149,7 +169,7 @@ def cancel_where(
         + (f"; {len(still_open)} not ended yet: run the command again" if still_open else ""),
     )
     if still_open:
-        raise SystemExit(1)
+        sys.exit(exits.NO)
 
 
 def parse_where(text: str) -> dict[str, str]:
@@ -179,7 +199,7 @@ class _Say:
         click.echo(text, err=True)
 
     def done(self, doc: object, text: str) -> None:
-        click.echo(json.dumps(doc, indent=2) if self.as_json else text)
+        options.emit(self.as_json, doc, text)
 
 
 def _bar(as_json: bool) -> Progress:

@@ -7,7 +7,6 @@ A schedule is an entity keyed ``~schedule/<name>`` whose facts are in ``<ns>.jou
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 
 import click
 from rich.console import Console
@@ -39,9 +38,10 @@ def schedules() -> None:
 @click.option("--tz", default="UTC", show_default=True, help="The IANA time zone it is read in.")
 @options.namespace
 @options.bootstrap
+@options.json_output
 def set_schedule(
     name: str, workflow: str, input: str | None, cron: str, tz: str, namespace: str,
-    bootstrap: str | None,
+    bootstrap: str | None, as_json: bool,
 ) -> None:  # fmt: skip
     """Create or replace schedule NAME: start WORKFLOW with INPUT (JSON) at each fire."""
     try:
@@ -50,7 +50,8 @@ def set_schedule(
         raise click.BadParameter(f"not JSON: {exc}", param_hint="INPUT") from None
     with Client(namespace, bootstrap) as client:
         client.schedule(name, workflow, value, cron=cron, tz=tz)
-    click.echo(f"schedule {name!r} set")
+    doc = {"schedule": name, "workflow": workflow, "cron": cron, "tz": tz}
+    options.emit(as_json, doc, f"schedule {name!r} set")
 
 
 def _op(verb: str) -> click.Command:
@@ -58,10 +59,11 @@ def _op(verb: str) -> click.Command:
     @click.argument("name")
     @options.namespace
     @options.bootstrap
-    def op(name: str, namespace: str, bootstrap: str | None) -> None:
+    @options.json_output
+    def op(name: str, namespace: str, bootstrap: str | None, as_json: bool) -> None:
         with Client(namespace, bootstrap) as client:
             getattr(client, f"{verb}_schedule")(name)
-        click.echo(f"schedule {name!r}: {verb} sent")
+        options.emit(as_json, {"schedule": name, "sent": verb}, f"schedule {name!r}: {verb} sent")
 
     op.help = f"{verb.capitalize()} schedule NAME."
     return op
@@ -74,7 +76,7 @@ for _verb in ("pause", "resume", "delete"):
 @schedules.command("list")
 @options.namespace
 @options.bootstrap
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
+@options.json_output
 def list_schedules(namespace: str, bootstrap: str | None, as_json: bool) -> None:
     """The schedules of NAMESPACE, from its journal."""
     settings, codec = Settings().with_bootstrap(bootstrap), Codec.default()
@@ -100,7 +102,7 @@ def list_schedules(namespace: str, bootstrap: str | None, as_json: bool) -> None
             "cron": s.schedule.cron,
             "tz": s.schedule.tz,
             "status": "paused" if s.paused else "active",
-            "next_fire": _when(s.next_fire_ms),
+            "next_fire": options.iso(s.next_fire_ms),
             "last_run": last.get(s.run_id),
         }
         for s in sorted(states.values(), key=lambda s: s.run_id)
@@ -113,7 +115,3 @@ def list_schedules(namespace: str, bootstrap: str | None, as_json: bool) -> None
     for r in rows:
         table.add_row(*(str(r[k] or "-") for k in r))
     Console().print(table)
-
-
-def _when(ms: int | None) -> str | None:
-    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC).isoformat()

@@ -40,6 +40,7 @@ def sources() -> None:
     help="Records forwarded per transaction at most (default: $RUNSTREAM_BATCH_SIZE, 500).",
 )
 @options.bootstrap
+@options.log_format
 @click.option(
     "--supervise/--no-supervise",
     default=True,
@@ -64,7 +65,7 @@ def serve(target: str, supervise: bool, **values: Any) -> None:
 @sources.command()
 @options.namespace
 @options.bootstrap
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@options.json_output
 def status(namespace: str, bootstrap: str | None, as_json: bool) -> None:
     """Show how far the forwarders of namespace -n are: per source topic (those the
     group ``<ns>.sources`` committed offsets of, and ``<ns>.events``) and partition, the

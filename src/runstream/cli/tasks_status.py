@@ -27,7 +27,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from runstream.cli import options
+from runstream.cli import exits, options
 from runstream.engine.workflow import seconds
 from runstream.errors import STEP_TIMED_OUT, DecodeError
 from runstream.schemas.codec import Codec
@@ -45,6 +45,10 @@ from runstream.settings import Settings
 from runstream.topics.admin import client_config
 from runstream.topics.groups import GroupStatus, group_status, topics_with_prefix
 from runstream.topics.spec import Topics
+
+
+class TaskGroupNotFound(exits.NotFound):
+    """``--group`` names no task topic of the namespace."""
 
 
 @dataclass
@@ -101,7 +105,7 @@ def remote_attempts(facts: Iterable[Record], since_ms: int) -> dict[str, RemoteA
     show_default=True,
     help="Count the timeouts of this last while (30s, 15m, 2h, 1d).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts).")
+@options.json_output
 def status(
     namespace: str, bootstrap: str | None, group: str | None, since: str, as_json: bool
 ) -> None:
@@ -119,10 +123,9 @@ def status(
     if group is not None:
         if group not in groups:
             known = ", ".join(groups) or "none"
-            raise click.BadParameter(
+            raise TaskGroupNotFound(
                 f"no task group {group!r} in namespace {namespace!r}: {prefix}{group} "
-                f"does not exist at {settings.bootstrap()} (task groups there: {known})",
-                param_hint="--group",
+                f"does not exist at {settings.bootstrap()} (task groups there: {known})"
             )
         groups = [group]
     if not groups:

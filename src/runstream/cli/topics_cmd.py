@@ -1,4 +1,5 @@
-"""`runstream topics create|describe`: set up and inspect a namespace's Kafka topics."""
+"""`runstream topics create|describe -n NAMESPACE`: set up and inspect a namespace's Kafka
+topics (the namespace as an argument still works, deprecated)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def topics() -> None:
 
 
 @topics.command("create")
-@click.argument("namespace")
+@options.namespace_compat
 @click.option(
     "--partitions",
     type=click.IntRange(min=1),
@@ -46,12 +47,14 @@ def topics() -> None:
     help="Also create <namespace>.tasks.<group> for this worker group (repeatable).",
 )
 @options.bootstrap
+@options.json_output
 def create(
     namespace: str,
     partitions: int,
     replication: int,
     task_groups: tuple[str, ...],
     bootstrap: str | None,
+    as_json: bool,
 ) -> None:
     """Create the topics of NAMESPACE that do not exist yet (safe to repeat)."""
     s = Settings().with_bootstrap(bootstrap)
@@ -59,26 +62,34 @@ def create(
     created = ensure_topics(
         server, namespace, partitions, replication, task_groups=task_groups, kafka=s.kafka
     )
+    rows = describe_topics(server, namespace, kafka=s.kafka)
+    if as_json:
+        options.emit(True, {"namespace": namespace, "created": list(created), "topics": rows})
+        return
     if created:
         for name in created:
             click.echo(f"created {name}")
     else:
         click.echo(f"all topics of {namespace!r} already exist")
-    _print_table(describe_topics(server, namespace, kafka=s.kafka))
+    _print_table(rows)
 
 
 @topics.command("describe")
-@click.argument("namespace")
+@options.namespace_compat
 @options.bootstrap
-def describe(namespace: str, bootstrap: str | None) -> None:
+@options.json_output
+def describe(namespace: str, bootstrap: str | None, as_json: bool) -> None:
     """Show the topics of NAMESPACE: partitions, replication, retention."""
     s = Settings().with_bootstrap(bootstrap)
     rows = describe_topics(s.bootstrap(), namespace, kafka=s.kafka)
+    if as_json:
+        options.emit(True, {"namespace": namespace, "topics": rows})
+        return
     _print_table(rows)
     missing = [r["name"] for r in rows if not r["exists"]]
     if missing:
         click.echo(
-            f"\nmissing: {', '.join(missing)}; run `runstream topics create {namespace}`",
+            f"\nmissing: {', '.join(missing)}; run `runstream topics create -n {namespace}`",
             err=True,
         )
 

@@ -4,6 +4,7 @@ model and the journal reader of `runs_cmd` (the same model directory as `runstre
 from __future__ import annotations
 
 import ipaddress
+import json
 import socket
 from functools import partial
 from pathlib import Path
@@ -61,6 +62,7 @@ def is_loopback(host: str) -> bool:
     "dashboard only reads.",
 )
 @cache
+@options.json_output
 def ui(
     namespace: str,
     bootstrap: str | None,
@@ -68,9 +70,11 @@ def ui(
     host: str,
     token: str | None,
     cache_dir: Path | None,
+    as_json: bool,
 ) -> None:
     """Serve a web dashboard of NAMESPACE's runs: the list with filters, each run's
-    history, timeline and waits, and actions (needs the `ui` extra)."""
+    history, timeline and waits, and actions (needs the `ui` extra). With --json, the
+    line saying where it listens is a JSON document on stdout."""
     try:
         import uvicorn
 
@@ -86,7 +90,12 @@ def ui(
         dash.start()
         if not loopback and token is None:
             click.echo("warning: bound beyond loopback without --token: actions are off", err=True)
-        click.echo(f"Runstream dashboard of {namespace}: http://{host}:{port}/runs", err=True)
+        url = f"http://{host}:{port}/runs"
+        if as_json:
+            doc = {"namespace": namespace, "url": url, "actions": loopback or token is not None}
+            click.echo(json.dumps(doc), nl=True)
+        else:
+            click.echo(f"Runstream dashboard of {namespace}: {url}", err=True)
         hosts = [*LOOPBACK_HOSTS, host] if loopback else None
         uvicorn.run(
             create_app(dash, hosts),

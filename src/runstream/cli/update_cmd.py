@@ -1,5 +1,6 @@
 """`runstream runs update RUN NAME [ARG]`: send a validated update and print its result
-(`Client.update`); a rejected or failed update exits 1 with its code and message."""
+(`Client.update`); a rejected or failed update exits 1 with its code and message, a
+--wait that runs out exits 7 (`cli.exits`)."""
 
 from __future__ import annotations
 
@@ -23,18 +24,20 @@ from runstream.client import Client
     show_default=True,
     help="Return once the update is on the log, accepted by its validator, or completed.",
 )
-@click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds to wait.")
+@options.wait_option(30.0, "the update to reach --wait-for")
 @options.namespace
 @options.bootstrap
+@options.json_output
 def update(
     run_id: str,
     name: str,
     arg: str | None,
     update_id: str | None,
     wait_for: str,
-    timeout: float,
+    wait: float,
     namespace: str,
     bootstrap: str | None,
+    as_json: bool,
 ) -> None:
     """Send update NAME with ARG (JSON; null if left out) to RUN_ID; print its result as
     JSON (with --wait-for completed), else the update's id and stage."""
@@ -44,9 +47,13 @@ def update(
         raise click.BadParameter(f"not JSON: {exc}", param_hint="ARG") from None
     with Client(namespace, bootstrap) as client:
         handle = client.start_update(
-            run_id, name, value, update_id=update_id, wait_for=wait_for, timeout=timeout
+            run_id, name, value, update_id=update_id, wait_for=wait_for, timeout=wait
         )
+        doc = {"run_id": run_id, "update_id": handle.update_id, "stage": handle.stage}
         if wait_for == "completed":
-            click.echo(json.dumps(handle.result(timeout)))
+            output = handle.result(wait)
+            options.emit(
+                as_json, {**doc, "stage": "completed", "result": output}, json.dumps(output)
+            )
         else:
-            click.echo(f"{handle.update_id} {handle.stage}")
+            options.emit(as_json, doc, f"{handle.update_id} {handle.stage}")

@@ -184,7 +184,7 @@ def _metadata(admin: AdminClient, bootstrap: str, timeout: float) -> dict[str, A
 
 
 def _create_hint(ns: str) -> str:
-    return f"run `runstream topics create {ns}`"
+    return f"run `runstream topics create -n {ns}`"
 
 
 def ensure_topics(

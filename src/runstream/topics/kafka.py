@@ -168,7 +168,7 @@ def ensure_task_topics(
         names = ", ".join(topics.tasks(g) for g in missing)
         raise TopicError(
             f"task topics {names} do not exist at {bootstrap} and create_topics is off: "
-            f"runstream topics create {topics.ns} --task-group <group>"
+            f"runstream topics create -n {topics.ns} --task-group <group>"
         )
     ensure_topics(bootstrap, topics.ns, partitions, task_groups=missing, kafka=s.kafka)
 
