@@ -120,6 +120,7 @@ _HOME = {
     "RunSummary": "runstream.operations",
     "RunEvent": "runstream.operations",
     "PauseReport": "runstream.pausing",
+    **dict.fromkeys(("EntityContext", "SharedContext", "shared"), "runstream.engine.entities"),
     **dict.fromkeys(_ERRORS, "runstream.errors"),
 }
 
@@ -132,6 +133,7 @@ __all__ = [
     "ConfigError",
     "Context",
     "DecodeError",
+    "EntityContext",
     "EventNotSet",
     "EventRefused",
     "EventTimeout",
@@ -164,6 +166,7 @@ __all__ = [
     "RunstreamError",
     "SchemaError",
     "Settings",
+    "SharedContext",
     "SignalTimeout",
     "StepContext",
     "StepError",
@@ -174,6 +177,7 @@ __all__ = [
     "UpdateHandle",
     "Worker",
     "WorkflowNotFound",
+    "shared",
 ]
 
 

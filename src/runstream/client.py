@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from runstream.engine import payload
 from runstream.engine.partitioner import partition_for
 from runstream.engine.workflow import seconds
+from runstream.entity_client import EntityHandle
 from runstream.errors import (
     EventNotSet,
     KafkaUnavailable,
@@ -614,6 +615,11 @@ class Client:
         if answer.error is not None:
             raise QueryFailed(answer.error)
         return payload.loads(answer.value or b"null")
+
+    def entity(self, name: str, key: str) -> EntityHandle:
+        """Key ``key`` of durable entity ``name`` (`App.entity`):
+        ``client.entity("cart", "ann").call("add", item)``, ``.read("total")``, ``.show()``."""
+        return EntityHandle(self, name, key)
 
     def get_event(
         self,

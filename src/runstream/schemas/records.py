@@ -240,6 +240,30 @@ def promise_of(pid: str) -> tuple[str, int] | None:
     return run_id, int(seq)
 
 
+#: A durable entity ``name`` (`App.entity`): each exclusive call is a run of the workflow
+#: ``entity:<name>`` whose id `entity_call_id` names; one key's calls share the limit
+#: `entity_lock_id` (one permit), which queues them and keeps the key's state.
+ENTITY_WORKFLOW_PREFIX = "entity:"
+
+
+def entity_workflow(name: str) -> str:
+    """The hidden workflow whose runs are the exclusive calls of entity ``name``."""
+    return f"{ENTITY_WORKFLOW_PREFIX}{name}"
+
+
+def entity_lock_id(name: str, key: str) -> str:
+    """The limit that is entity ``name`` ``key``'s lock, queue and state."""
+    return limit_id(entity_workflow(name), key)
+
+
+def entity_call_id(name: str, key: str, call_id: str) -> str:
+    """The run id of call ``call_id`` to entity ``name`` ``key``: the same call id is the
+    same run, so a call sent twice runs once."""
+    return entity_id(
+        f"{entity_workflow(name)}/", key, call_id, hashed=f"{name}\x00{key}\x00{call_id}"
+    )
+
+
 def continuation_of(run_id: str) -> str:
     """The id of the run that continues ``run_id`` (``order`` -> ``order~1`` -> ``order~2``)."""
     base, n = run_id, 0
@@ -437,6 +461,7 @@ class Grant(Record):
     reason: str = ""
     sent_at_ms: int = 0
     request_id: str = ""  # the request answered: a stale one is released, not taken
+    value: bytes | None = None  # a durable entity's state, given with its lock (JSON)
 
 
 @dataclass(frozen=True, slots=True)
@@ -447,6 +472,7 @@ class Release(Record):
     seq: int
     sent_at_ms: int = 0
     request_id: str = ""  # the request whose permit goes back (forged: frees nothing)
+    value: bytes | None = None  # a durable entity's new state (JSON); None: unchanged
 
 
 @dataclass(frozen=True, slots=True)
@@ -1017,6 +1043,7 @@ class PermitReleased(Record):
     _: KW_ONLY
     holder: str
     seq: int
+    value: bytes | None = None  # a durable entity's state after the call; None: unchanged
 
 
 @dataclass(frozen=True, slots=True)
@@ -1040,6 +1067,7 @@ class PermitReceived(Record):
     attempt: int = 1
     granted: bool = True
     reason: str = ""
+    value: bytes | None = None  # a durable entity's state, given with its lock (JSON)
 
 
 @dataclass(frozen=True, slots=True)
