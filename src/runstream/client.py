@@ -737,6 +737,10 @@ class Client:
                 if known is None or known.stage == UpdateStage.ACCEPTED:  # keep the end
                     self._update_replies[msg.update_id] = msg
 
+    def partition_of(self, run_id: str) -> int:
+        """The partition of ``<ns>.commands`` (and of the journal) that owns ``run_id``."""
+        return partition_for(run_id.encode(), self._partitions)
+
     def _partition_count(self, topic: str, timeout: float) -> int:
         n = self._sender.partitions(topic, timeout)
         if n is None:

@@ -44,7 +44,8 @@ class EntityHandle:
 
     def call_run_id(self, call_id: str) -> str:
         """The id of the run of call ``call_id``."""
-        return entity_call_id(self.name, self.key, call_id)
+        c = self._client
+        return entity_call_id(self.name, self.key, call_id, c.partition_of)
 
     def read(self, handler: str, arg: Any = None, *, timeout: float = 5.0) -> Any:
         """What shared handler ``handler`` returns for ``arg`` on the key's state as last

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import KW_ONLY, dataclass, field
 from enum import StrEnum
 from typing import ClassVar
@@ -256,12 +256,25 @@ def entity_lock_id(name: str, key: str) -> str:
     return limit_id(entity_workflow(name), key)
 
 
-def entity_call_id(name: str, key: str, call_id: str) -> str:
+def entity_call_id(
+    name: str, key: str, call_id: str, partition: Callable[[str], int] | None = None
+) -> str:
     """The run id of call ``call_id`` to entity ``name`` ``key``: the same call id is the
-    same run, so a call sent twice runs once."""
-    return entity_id(
+    same run, so a call sent twice runs once. With ``partition`` (a run id's partition),
+    the id lands on the partition of the key's lock (a ``#<n>`` suffix, the first that
+    does): one sender's calls to a key then stay in the order it sent them."""
+    base = entity_id(
         f"{entity_workflow(name)}/", key, call_id, hashed=f"{name}\x00{key}\x00{call_id}"
     )
+    if partition is None:
+        return base
+    if len(base.encode()) > MAX_RUN_ID_BYTES - 8:  # room for the suffix
+        base = f"{entity_workflow(name)}/" + hashlib.sha256(base.encode()).hexdigest()
+    home, n, run_id = partition(entity_lock_id(name, key)), 0, base
+    while partition(run_id) != home:
+        n += 1
+        run_id = f"{base}#{n}"
+    return run_id
 
 
 def continuation_of(run_id: str) -> str:

@@ -17,7 +17,7 @@ from runstream.schemas.records import LiveQuery, QueryAnswer
 def live_query(ctx: Rules, b: Batch, st: State, cmd: LiveQuery) -> None:
     """Answer ``cmd`` from the run as it is now (an entity's id names no run; a durable
     entity's lock answers a shared call)."""
-    if isinstance(st, LimitState) and st.limit is not None:
+    if isinstance(st, LimitState):
         return entities.shared(ctx, b, st, cmd)
     found = isinstance(st, RunState) and st.exists
     answer = QueryAnswer(cmd.request_id, cmd.run_id, found=found)
