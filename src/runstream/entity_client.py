@@ -10,6 +10,7 @@ from runstream.schemas.records import entity_call_id, entity_lock_id, entity_wor
 
 if TYPE_CHECKING:
     from runstream.client import Client
+    from runstream.testing import Run, WorkflowTester
 
 
 class EntityHandle:
@@ -63,3 +64,39 @@ class EntityHandle:
         asked = {"entity": self.name, "key": self.key, "arg": arg}
         lock = entity_lock_id(self.name, self.key)
         return self._client.query(lock, handler, asked, timeout=timeout)
+
+
+class TestEntity:
+    """An entity's key in a `runstream.testing.WorkflowTester` (`WorkflowTester.entity`):
+    the same calls as `EntityHandle`, decided by the core at once."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, tester: WorkflowTester, name: str, key: str) -> None:
+        self._tester, self.name, self.key = tester, name, key
+
+    def start(self, handler: str, arg: Any = None, *, call_id: str | None = None) -> Run:
+        """Send the call and let it run until it ends or waits (a sleep: `advance`)."""
+        t = self._tester
+        call_id = call_id or t._next_id("call")
+        run_id = entity_call_id(self.name, self.key, call_id)
+        call = call_input(self.key, handler, arg)
+        return t.start(entity_workflow(self.name), call, run_id=run_id)
+
+    def call(self, handler: str, arg: Any = None, *, call_id: str | None = None) -> Any:
+        """Call exclusive handler ``handler``; its result. Raises as `Run.result` does
+        (`RunNotFinished` while it waits: the key's earlier call, or a sleep)."""
+        return self.start(handler, arg, call_id=call_id).result()["result"]
+
+    def read(self, handler: str, arg: Any = None) -> Any:
+        """What shared handler ``handler`` returns for ``arg``. Raises `QueryFailed`."""
+        return self._ask(handler, arg)
+
+    def show(self) -> dict[str, Any]:
+        """The key's state, the call in progress and the calls queued."""
+        answer: dict[str, Any] = self._ask(SHOW, None)
+        return answer
+
+    def _ask(self, handler: str, arg: Any) -> Any:
+        asked = {"entity": self.name, "key": self.key, "arg": arg}
+        return self._tester.query(entity_lock_id(self.name, self.key), handler, asked)

@@ -234,3 +234,35 @@ def test_entities_are_declared_once_with_handlers():
         app.entity("cart")(Cart)
     with pytest.raises(TypeError, match="no handlers"):
         app.entity("nothing")(type("Nothing", (), {}))
+
+
+def test_the_workflow_tester_calls_reads_and_shows_an_entity():
+    from runstream.testing import RunNotFinished, WorkflowTester
+
+    t = WorkflowTester(app)
+    ann = t.entity("cart", "ann")
+    assert ann.call("add", "apple") == 1
+    later = ann.start("add_later", "pear")
+    queued = ann.start("add", "fig")
+    with pytest.raises(RunNotFinished):
+        queued.result()
+    assert ann.read("count") == 1
+    assert ann.show()["queue"] == [queued.run_id]
+    t.run_until_idle()
+    assert later.result()["result"] == 2 and queued.result()["result"] == 3
+    assert t.start(shopper, "bob").result() == [1, 2]
+    assert t.entity("cart", "bob").show()["state"] == {"items": ["apple", "pear"]}
+
+
+def test_a_clients_call_ids_land_on_the_partition_of_the_keys_lock():
+    from runstream.engine.partitioner import partition_for
+
+    def part(run_id: str) -> int:
+        return partition_for(run_id.encode(), 12)
+
+    home = part(entity_lock_id("cart", "ann"))
+    ids = {entity_call_id("cart", "ann", f"c{i}", part) for i in range(20)}
+    assert len(ids) == 20 and {part(i) for i in ids} == {home}
+    assert entity_call_id("cart", "ann", "c1", part) in ids  # the same call: the same id
+    long_key = "k/" + "x" * 300
+    assert len(entity_call_id("cart", long_key, "c", part).encode()) <= 255
