@@ -56,7 +56,8 @@ class EntityHandle:
 
     def show(self, *, timeout: float = 5.0) -> dict[str, Any]:
         """The key's state, the call in progress and the calls queued (run ids), from its
-        owner: ``{"entity", "key", "state", "in_progress", "queue"}``."""
+        owner: ``{"entity", "key", "state", "in_progress", "waits_on", "queue"}``
+        (``waits_on``: call run id -> its open operations, e.g. ``["step reserve"]``)."""
         answer: dict[str, Any] = self._ask(SHOW, None, timeout)
         return answer
 

@@ -71,13 +71,15 @@ def test_one_keys_calls_run_one_at_a_time_keep_state_and_reads_never_wait(
     second = ann.start("deposit", _deposit("c2", 5), call_id="c2")
     wait_for(lambda: ann.show()["queue"] == [second], timeout=60, what="c2 queued")
     assert ann.read("balance") == 0  # answered while c1 holds the key
-    shown = CliRunner().invoke(
-        cli,
-        ["entities", "show", "ledger", "ann", "-n", ns, "--bootstrap", kafka_bootstrap, "--json"],
-    )
+    opts = ["-n", ns, "--bootstrap", kafka_bootstrap]
+    shown = CliRunner().invoke(cli, ["entities", "show", "ledger", "ann", *opts, "--json"])
     assert shown.exit_code == 0, shown.output
     doc = json.loads(shown.output)
     assert (doc["in_progress"], doc["queue"], doc["state"]) == ([first], [second], {})
+    step = "step make_app.<locals>.post"  # the step's name is its qualified name
+    assert doc["waits_on"] == {first: [step]}
+    plain = CliRunner().invoke(cli, ["entities", "show", "ledger", "ann", *opts])
+    assert f"in progress: {first} (waits on: {step})" in plain.output, plain.output
     engine.gate.touch()
     assert client.result(second, timeout=60)["result"] == 15
     # the same call id again: the first result, the body not run again
@@ -86,7 +88,6 @@ def test_one_keys_calls_run_one_at_a_time_keep_state_and_reads_never_wait(
     with pytest.raises(runstream.RunFailed, match="no overdraft"):
         ann.call("overdraw", {}, timeout=60)  # fails: the state stays
     assert ann.read("balance") == 15
-    opts = ["-n", ns, "--bootstrap", kafka_bootstrap]
     deposit = '{"call": "c3", "amount": 1}'
     called = CliRunner().invoke(
         cli, ["entities", "call", "ledger", "ann", "deposit", deposit, *opts, "--call-id", "c3"]

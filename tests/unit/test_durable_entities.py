@@ -172,6 +172,7 @@ def test_shared_reads_answer_from_the_committed_state_without_waiting():
     show = payload.loads(read(core, "ann", SHOW).value)
     assert show["state"] == {"items": ["apple"]} and show["queue"] == []
     assert show["in_progress"] == [entity_call_id("cart", "ann", "2")]
+    assert show["waits_on"] == {entity_call_id("cart", "ann", "2"): ["sleep"]}
     refused = read(core, "ann", "clear_all")  # a shared handler cannot write
     assert "only an exclusive one changes it" in refused.error
     assert "no shared handler 'nope'" in read(core, "ann", "nope").error

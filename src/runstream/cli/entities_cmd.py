@@ -38,9 +38,9 @@ def entities() -> None:
 def show(
     name: str, key: str, namespace: str, bootstrap: str | None, timeout: float, as_json: bool
 ) -> None:
-    """Entity NAME's key KEY: its state, the call in progress and the calls queued
-    (their run ids: `runstream runs show` tells what each waits on). Exits 1 if no engine
-    answers within --timeout."""
+    """Entity NAME's key KEY: its state, the call in progress (with what it waits on,
+    when its run is on the key's partition: a client's call is) and the calls queued, by
+    run id. Exits 1 if no engine answers within --timeout."""
     with Client(namespace, bootstrap) as client:
         doc = client.entity(name, key).show(timeout=timeout)
     if as_json:
@@ -48,7 +48,11 @@ def show(
         return
     click.echo(f"entity {name} key {key}")
     click.echo(f"state:       {json.dumps(doc['state'])}")
-    click.echo(f"in progress: {', '.join(doc['in_progress']) or '-'}")
+    for call in doc["in_progress"]:
+        waits = doc["waits_on"].get(call)
+        click.echo(f"in progress: {call}" + (f" (waits on: {', '.join(waits)})" if waits else ""))
+    if not doc["in_progress"]:
+        click.echo("in progress: -")
     click.echo(f"queued:      {', '.join(doc['queue']) or '-'}")
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from runstream.engine import payload
 from runstream.engine.entities import SHOW, EntityDef, load_state
+from runstream.engine.replay import _op as op_name
 from runstream.engine.rules.context import Rules
 from runstream.engine.state import LimitState, RunState
 from runstream.engine.work import Batch
@@ -45,7 +46,7 @@ def state_after(st: RunState, end: Fact, asked: PermitRequested) -> bytes | None
 def shared(ctx: Rules, b: Batch, ent: LimitState, cmd: LiveQuery) -> None:
     """A shared call (or `SHOW`) to an entity's key, answered from its lock's state."""
     try:
-        value = payload.dumps(_evaluate(ctx, ent, cmd))
+        value = payload.dumps(_evaluate(ctx, b, ent, cmd))
         if too_large := ctx.limits.too_large(f"the answer of {cmd.name!r}", len(value)):
             raise ValueError(too_large)
     except Exception as exc:  # the handler's error, or a call that names no entity here
@@ -59,7 +60,19 @@ def shared(ctx: Rules, b: Batch, ent: LimitState, cmd: LiveQuery) -> None:
     b.effects.replies.append((cmd.reply_to, answer))
 
 
-def _evaluate(ctx: Rules, ent: LimitState, cmd: LiveQuery) -> Any:
+def _waits(b: Batch, ent: LimitState) -> dict[str, list[str]]:
+    """What each call in progress waits on (its open operations), for the calls whose
+    run is on the lock's partition (a client's are: `records.entity_call_id`); a call
+    from a workflow lives on another partition, and `runstream runs show` tells."""
+    p, out = b.partition_of(ent.run_id), {}
+    for holder, _seq in ent.held:
+        st = b.load(p, holder)  # committed, read only
+        if isinstance(st, RunState) and st.exists:
+            out[holder] = [op_name(f) for _, f in sorted(st.pending.items())]
+    return out
+
+
+def _evaluate(ctx: Rules, b: Batch, ent: LimitState, cmd: LiveQuery) -> Any:
     asked = payload.loads(cmd.arg)
     if not isinstance(asked, dict) or not isinstance(asked.get("key"), str):
         raise ValueError("a shared call's argument is {entity, key, arg}")
@@ -74,6 +87,7 @@ def _evaluate(ctx: Rules, ent: LimitState, cmd: LiveQuery) -> Any:
             "key": key,
             "state": entries,
             "in_progress": [holder for holder, _seq in ent.held],
+            "waits_on": _waits(b, ent),
             "queue": [q.holder for q in ent.queue],
         }
     with ctx.activation(ent.run_id):
