@@ -13,8 +13,11 @@ from runstream.engine.entities import SHOW, call_input
 from runstream.engine.reducer import fold
 from runstream.schemas.records import (
     LiveQuery,
+    Pause,
     QueryAnswer,
+    Retry,
     StartRun,
+    Unpause,
     entity_call_id,
     entity_lock_id,
     entity_workflow,
@@ -24,6 +27,7 @@ from .corehelp import Core
 
 app = App("unit")
 bodies: list[tuple[str, str]] = []
+out_of_stock: set[str] = set()
 
 
 @app.step()
@@ -32,8 +36,21 @@ def reserve(item: str) -> str:
     return f"reserved {item}"
 
 
+@app.step(retries=0)
+def take(item: str) -> str:
+    if item in out_of_stock:
+        raise RuntimeError(f"no {item}")
+    return item
+
+
 @app.entity("cart")
 class Cart:
+    async def take(ctx: runstream.EntityContext, item: str) -> int:
+        items = ctx.state.get("items", [])
+        items.append(await ctx.step(take, item))
+        ctx.state.set("items", items)
+        return len(items)
+
     async def add(ctx: runstream.EntityContext, item: str) -> int:
         items = ctx.state.get("items", [])
         await ctx.step(reserve, item)
@@ -73,9 +90,15 @@ async def shopper(ctx: runstream.Context, key: str) -> list[int]:
     return [first, second]
 
 
+@app.workflow(timeout="30s")
+async def impatient(ctx: runstream.Context, key: str) -> int:
+    return int(await ctx.entity("cart", key).call("add", "plum"))
+
+
 @pytest.fixture(autouse=True)
 def _fresh() -> None:
     bodies.clear()
+    out_of_stock.clear()
 
 
 def pump(core: Core) -> None:
@@ -267,3 +290,49 @@ def test_a_clients_call_ids_land_on_the_partition_of_the_keys_lock():
     assert entity_call_id("cart", "ann", "c1", part) in ids  # the same call: the same id
     long_key = "k/" + "x" * 300
     assert len(entity_call_id("cart", long_key, "c", part).encode()) <= 255
+
+
+def test_a_retried_failed_call_takes_the_key_again_and_reads_the_state_as_it_is_then():
+    core = Core(app.registry)
+    out_of_stock.add("kiwi")
+    failed = call(core, "ann", "1", "take", "kiwi")
+    pump(core)
+    assert core.state(failed).status == "failed"
+    call(core, "ann", "2", "add", "apple")  # runs meanwhile
+    pump(core)
+    out_of_stock.clear()
+    core.command(Retry(failed, "restocked", retry_id="r1"))
+    pump(core)
+    assert output(core, failed) == {"result": 2, "state": {"items": ["apple", "kiwi"]}}
+
+
+def test_a_paused_call_keeps_the_key_until_its_unpause():
+    core = Core(app.registry)
+    held = call(core, "ann", "1", "add_later", "apple")
+    queued = call(core, "ann", "2", "add", "pear")
+    pump(core)
+    core.command(Pause(held, "look", by="ops"))
+    core.advance(60)
+    pump(core)
+    assert core.state(queued).status == "running" and not core.facts(queued, "StepStarted")
+    core.command(Unpause(held, "go", by="ops"))
+    pump(core)
+    assert output(core, queued)["state"] == {"items": ["apple", "pear"]}
+
+
+def test_a_callers_run_timeout_withdraws_its_queued_call_and_changes_no_state():
+    core = Core(app.registry)
+    held = call(core, "ann", "1", "add_later", "apple")
+    core.start("w", "impatient", "ann")
+    pump(core)
+    lock = core.state(entity_lock_id("cart", "ann"))
+    assert len(lock.queue) == 1
+    core.advance(30)  # the caller times out; its call, queued, is cancelled
+    pump(core)
+    assert core.state("w").status == "failed"
+    lock = core.state(entity_lock_id("cart", "ann"))
+    assert not lock.queue
+    core.advance(60)
+    pump(core)
+    assert output(core, held)["state"] == {"items": ["apple"]}
+    assert not core.state(entity_lock_id("cart", "ann")).held
