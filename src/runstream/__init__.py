@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from runstream.app import App
     from runstream.client import Client, RunInfo, UpdateHandle
+    from runstream.engine.entities import EntityContext, SharedContext, shared
     from runstream.engine.replay import Context, Promise
     from runstream.engine.steps import StepContext
     from runstream.errors import (

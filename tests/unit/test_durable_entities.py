@@ -336,3 +336,32 @@ def test_a_callers_run_timeout_withdraws_its_queued_call_and_changes_no_state():
     pump(core)
     assert output(core, held)["state"] == {"items": ["apple"]}
     assert not core.state(entity_lock_id("cart", "ann")).held
+
+
+@app.entity("counter")
+class Counter:
+    """Handlers as static methods, as type checkers like them."""
+
+    @staticmethod
+    async def bump(ctx: runstream.EntityContext, by: int) -> int:
+        n = int(ctx.state.get("n", 0)) + by
+        ctx.state.set("n", n)
+        return n
+
+    @staticmethod
+    @runstream.shared
+    def value(ctx: runstream.SharedContext, _: None) -> int:
+        return int(ctx.state.get("n", 0))
+
+    def _helper(self) -> None:  # private: not a handler
+        raise AssertionError
+
+
+def test_handlers_may_be_static_methods_and_private_names_are_no_handlers():
+    from runstream.testing import WorkflowTester
+
+    t = WorkflowTester(app)
+    counter = t.entity("counter", "a")
+    assert counter.call("bump", 2) == 2 and counter.read("value") == 2
+    assert set(app.registry.entities["counter"].exclusive) == {"bump"}
+    assert set(app.registry.entities["counter"].shared) == {"value"}

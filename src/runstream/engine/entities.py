@@ -24,7 +24,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from runstream.engine import payload
 from runstream.engine.workflow import WorkflowDef, workflow_def
@@ -32,6 +32,8 @@ from runstream.schemas.records import entity_workflow
 
 if TYPE_CHECKING:
     from runstream.engine.replay import Context
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 #: The name of the built-in shared handler that tells the state, the call in progress and
 #: the queue (`runstream entities show`).
@@ -213,8 +215,10 @@ class EntityDef:
         return result
 
 
-def shared(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Mark an entity's handler as shared: read-only, concurrent, never queued."""
+def shared(fn: F) -> F:
+    """Mark an entity's handler as shared: read-only, concurrent, never queued. (Under
+    ``@staticmethod``, which keeps type checkers content with handlers that take no
+    ``self``.)"""
     fn.__runstream_shared__ = True  # type: ignore[attr-defined]
     return fn
 
