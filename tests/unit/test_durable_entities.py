@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import runstream
+from examples.testing import test_ledger_entity as example
 from runstream import App
 from runstream.engine import payload
 from runstream.engine.entities import SHOW, call_input
@@ -365,3 +366,8 @@ def test_handlers_may_be_static_methods_and_private_names_are_no_handlers():
     assert counter.call("bump", 2) == 2 and counter.read("value") == 2
     assert set(app.registry.entities["counter"].exclusive) == {"bump"}
     assert set(app.registry.entities["counter"].shared) == {"value"}
+
+
+@pytest.mark.parametrize("name", sorted(n for n in vars(example) if n.startswith("test_")))
+def test_the_example_test_file_passes(name):
+    getattr(example, name)()
