@@ -2,7 +2,7 @@
 subprocess as ``tests.kafka.entity_app:app``; the namespace from RUNSTREAM_TEST_NS).
 The ``post`` step appends ``post begin|end <key> <call> <time_ns> <pid>`` to
 RUNSTREAM_TEST_STEP_LOG and, while the file RUNSTREAM_TEST_GATE names is missing, waits
-for it (up to a minute)."""
+for it (up to a minute); then it sleeps RUNSTREAM_TEST_STEP_SECONDS (default 0)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ def make_app(ns: str, bootstrap: str | None = None, **kw: Any) -> runstream.App:
         until = time.monotonic() + 60
         while gate and not Path(gate).exists() and time.monotonic() < until:
             time.sleep(0.05)
+        time.sleep(float(os.environ.get("RUNSTREAM_TEST_STEP_SECONDS", "0")))
         _log(f"post end {key} {call}")
         return amount
 

@@ -19,6 +19,7 @@ import runstream
 from runstream.audit import check_run
 from runstream.cli.main import cli
 from runstream.engine import payload
+from runstream.engine.partitioner import partition_for
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import StartRun, entity_lock_id, entity_workflow
 
@@ -141,6 +142,81 @@ def test_a_foreign_producers_malformed_call_is_a_dead_letter_and_calls_go_on(
     assert "needs a text key" in reasons["invalid-input"]
 
 
+def _spans(log: Path) -> dict[str, list[tuple[int, int]]]:
+    """Per key, the (begin, end) times of each step body that ended, in begin order."""
+    steps: list[list[str]] = _steps(log)
+    spans: dict[str, list[tuple[int, int]]] = {}
+    for parts in steps:
+        if parts[1] == "end":
+            key, call = parts[2], parts[3]
+            begin = max(int(p[4]) for p in steps if p[1] == "begin" and p[2:4] == [key, call])
+            spans.setdefault(key, []).append((begin, int(parts[4])))
+    return {key: sorted(s) for key, s in spans.items()}
+
+
+def _overlaps(log: Path) -> list[str]:
+    return [
+        f"{key}: {a} and {b} overlap"
+        for key, spans in _spans(log).items()
+        for a, b in itertools.pairwise(spans)
+        if not a[1] < b[0]
+    ]
+
+
+def test_a_handover_mid_calls_finishes_every_call_once_never_overlapping(
+    kafka_bootstrap, ns, tmp_path
+):
+    """Two instances, one key's lock on each partition; calls flow to every key while
+    the first instance leaves (SIGTERM: a graceful handover of its keys' locks, their
+    queues and the calls in flight): every call completes once, in the order its sender
+    sent it, each key's state holds each deposit once, one key's bodies never overlap,
+    and both instances ran some."""
+    log, state = tmp_path / "steps.log", tmp_path / "state"
+    state.mkdir()
+    env = {
+        "RUNSTREAM_TEST_STEP_SECONDS": "0.3",
+        "RUNSTREAM_LEAVE_ON_STOP": "true",  # a stopped instance's partitions move at once
+    }
+    app = "tests.kafka.entity_app:app"
+    home: dict[int, str] = {}  # a key per partition of its lock
+    for n in range(200):
+        lock = entity_lock_id("ledger", f"k{n}").encode()
+        home.setdefault(partition_for(lock, PARTITIONS), f"k{n}")
+    keys = [home[p] for p in range(PARTITIONS)]
+    w1 = spawn_worker(kafka_bootstrap, ns, state, "w1", log, app=app, **env)
+    w2 = spawn_worker(kafka_bootstrap, ns, state, "w2", log, app=app, **env)
+    try:
+        client = wait_for(lambda: client_or_none(ns, kafka_bootstrap), what="topics")
+        wait_for(
+            lambda: owns(state, ns, "w1") and owns(state, ns, "w2"),
+            timeout=60,
+            what="both to own partitions",
+        )
+        runs = {
+            (key, i): client.entity("ledger", key).start(
+                "deposit", _deposit(f"{key}-{i}", 1), call_id=str(i)
+            )
+            for i in range(8)
+            for key in keys
+        }
+        wait_for(lambda: len(_steps(log)) >= 8, timeout=60, what="some calls under way")
+        assert terminate(w1) == 0
+        outs = {k: client.result(r, timeout=120)["result"] for k, r in runs.items()}
+        for key in keys:  # one sender's calls to a key run in the order it sent them
+            assert [outs[(key, i)] for i in range(8)] == list(range(1, 9))
+            shown = client.entity("ledger", key).show(timeout=30)
+            assert shown["state"] == {"balance": 8, "calls": [f"{key}-{i}" for i in range(8)]}
+        client.close()
+    finally:
+        for proc in (w1, w2):
+            if proc.poll() is None:
+                terminate(proc)
+    ends = _count(log)
+    assert all(ends[f"post end {k} {k}-{i}"] == 1 for k in keys for i in range(8)), ends
+    assert not _overlaps(log)
+    assert len({parts[5] for parts in _steps(log)}) == 2  # both instances ran bodies
+
+
 def test_an_engine_killed_mid_call_finishes_every_call_once_never_overlapping(
     kafka_bootstrap, ns, tmp_path
 ):
@@ -174,13 +250,7 @@ def test_an_engine_killed_mid_call_finishes_every_call_once_never_overlapping(
             terminate(worker)
     counts = _count(log)
     assert [counts[f"post end ann k{i}"] for i in range(4)] == [1, 1, 1, 1]
-    spans: dict[str, list[int]] = {}
-    for parts in _steps(log):
-        if parts[1] == "end":
-            begin = max(int(p[4]) for p in _steps(log) if p[1] == "begin" and p[3] == parts[3])
-            spans[parts[3]] = [begin, int(parts[4])]
-    ordered = sorted(spans.values())
-    assert all(a[1] < b[0] for a, b in itertools.pairwise(ordered)), ordered
+    assert not _overlaps(log)
     lock = journal_facts(kafka_bootstrap, ns, entity_lock_id("ledger", "ann"))
     granted = [f.holder for f in lock if type(f).__name__ == "PermitGranted"]
     assert granted == runs  # one grant each, in the order the calls came

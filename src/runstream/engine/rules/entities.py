@@ -37,7 +37,10 @@ def state_after(st: RunState, end: Fact, asked: PermitRequested) -> bytes | None
         return None
     if not isinstance(end, RunCompleted) or end.continued_as is not None:
         return None
-    out = payload.loads(end.output)
+    try:
+        out = payload.loads(end.output)
+    except ValueError:  # not the hidden workflow's output: nothing to keep
+        return None
     if not isinstance(out, dict) or not isinstance(out.get("state"), dict):
         return None
     return payload.dumps(out["state"])
