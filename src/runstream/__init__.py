@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from runstream.app import App
     from runstream.client import Client, RunInfo, UpdateHandle
+    from runstream.engine.entities import EntityContext, SharedContext, shared
     from runstream.engine.replay import Context, Promise
     from runstream.engine.steps import StepContext
     from runstream.errors import (
@@ -120,6 +121,7 @@ _HOME = {
     "RunSummary": "runstream.operations",
     "RunEvent": "runstream.operations",
     "PauseReport": "runstream.pausing",
+    **dict.fromkeys(("EntityContext", "SharedContext", "shared"), "runstream.engine.entities"),
     **dict.fromkeys(_ERRORS, "runstream.errors"),
 }
 
@@ -132,6 +134,7 @@ __all__ = [
     "ConfigError",
     "Context",
     "DecodeError",
+    "EntityContext",
     "EventNotSet",
     "EventRefused",
     "EventTimeout",
@@ -164,6 +167,7 @@ __all__ = [
     "RunstreamError",
     "SchemaError",
     "Settings",
+    "SharedContext",
     "SignalTimeout",
     "StepContext",
     "StepError",
@@ -174,6 +178,7 @@ __all__ = [
     "UpdateHandle",
     "Worker",
     "WorkflowNotFound",
+    "shared",
 ]
 
 

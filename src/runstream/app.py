@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from runstream.taskworker import TaskWorker
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 class App:
@@ -243,6 +244,29 @@ class App:
             )
         wait = 0.0 if ttl is None else seconds(ttl)
         self.registry.add_source(SourceDef(topic, name or topic, key, decode, wait))
+
+    def entity(self, name: str) -> Callable[[type[T]], type[T]]:
+        """Register a class as durable entity ``name`` (keyed actors; docs/guides/entities.md).
+
+        Its ``async def`` functions (no ``self``) are exclusive handlers ``(ctx, arg)``:
+        one at a time per key, in the order the calls arrive, with the key's durable state
+        (``ctx.state.get/set/clear``) and the workflow's ``ctx.step``/``ctx.sleep``. The
+        ones marked `runstream.shared` are shared handlers ``(ctx, arg)``: plain reads of
+        the state as committed, never queued. Call them with
+        ``client.entity(name, key).call(...)``/``.read(...)`` or, from a workflow,
+        ``await ctx.entity(name, key).call(...)``."""
+        from runstream.engine.entities import entity_def
+
+        def register(cls: type[T]) -> type[T]:
+            if name in self.registry.entities:
+                raise ValueError(f"entity {name!r} registered twice")
+            fns = [(k, getattr(cls, k)) for k in vars(cls) if not k.startswith("_")]
+            edef = entity_def(name, [(k, f) for k, f in fns if callable(f)])
+            self.registry.add_workflow(edef.workflow())
+            self.registry.entities[name] = edef
+            return cls
+
+        return register
 
     def task_worker(self, group: str, *, concurrency: int = 16) -> TaskWorker:
         """A task worker serving the remote steps of ``group`` (`TaskWorker.run` blocks

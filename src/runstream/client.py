@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from runstream.engine import payload
 from runstream.engine.partitioner import partition_for
 from runstream.engine.workflow import seconds
+from runstream.entity_client import EntityHandle
 from runstream.errors import (
     EventNotSet,
     KafkaUnavailable,
@@ -617,6 +618,11 @@ class Client:
             raise QueryFailed(answer.error)
         return payload.loads(answer.value or b"null")
 
+    def entity(self, name: str, key: str) -> EntityHandle:
+        """Key ``key`` of durable entity ``name`` (`App.entity`):
+        ``client.entity("cart", "ann").call("add", item)``, ``.read("total")``, ``.show()``."""
+        return EntityHandle(self, name, key)
+
     def get_event(
         self,
         run_id: str,
@@ -732,6 +738,10 @@ class Client:
                 known = self._update_replies[msg.update_id]
                 if known is None or known.stage == UpdateStage.ACCEPTED:  # keep the end
                     self._update_replies[msg.update_id] = msg
+
+    def partition_of(self, run_id: str) -> int:
+        """The partition of ``<ns>.commands`` (and of the journal) that owns ``run_id``."""
+        return partition_for(run_id.encode(), self._partitions)
 
     def _partition_count(self, topic: str, timeout: float) -> int:
         n = self._sender.partitions(topic, timeout)

@@ -87,6 +87,7 @@ from runstream.topics.spec import Topics
 
 if TYPE_CHECKING:
     from runstream.app import App
+    from runstream.entity_client import TestEntity
 
 __all__ = [
     "EndlessTimers",
@@ -423,6 +424,13 @@ class WorkflowTester:
         )
         self._send(cmd)
         return TestUpdate(self, cmd.run_id, cmd.update_id)
+
+    def entity(self, name: str, key: str) -> TestEntity:
+        """Key ``key`` of durable entity ``name`` (see `Client.entity`):
+        ``t.entity("cart", "ann").call("add", item)``, ``.read(...)``, ``.show()``."""
+        from runstream.entity_client import TestEntity
+
+        return TestEntity(self, name, key)
 
     def _next_id(self, what: str) -> str:
         self._signal_ids += 1

@@ -36,8 +36,9 @@ from hypothesis.stateful import (
 from runstream import App
 from runstream.audit import check_run
 from runstream.engine import payload
+from runstream.engine.entities import call_input
 from runstream.engine.reducer import fold
-from runstream.engine.state import LimitState, RunState
+from runstream.engine.state import LimitState, RunState, Status
 from runstream.errors import (
     TIMED_OUT,
     ChildFailed,
@@ -79,6 +80,9 @@ from runstream.schemas.records import (
     UpdateAccepted,
     UpdateCompleted,
     correlation_id,
+    entity_call_id,
+    entity_lock_id,
+    entity_workflow,
     promise_id,
 )
 
@@ -267,8 +271,31 @@ async def updatable(ctx: Any, n: int) -> int:
     return total[0]
 
 
+@app.entity("tally")
+class Tally:
+    """A durable entity: each exclusive call adds its argument (through a step, then a
+    sleep) to its key's sum and counts itself; a call that fails or is cancelled adds
+    nothing (`entity_problems`)."""
+
+    async def add(ctx: Any, k: int) -> int:
+        k = int(await ctx.step(work, k))
+        await ctx.sleep(1)
+        total = int(ctx.state.get("sum", 0)) + k
+        ctx.state.set("sum", total)
+        ctx.state.set("calls", int(ctx.state.get("calls", 0)) + 1)
+        return total
+
+
+@app.workflow
+async def caller(ctx: Any, n: int) -> int:
+    """Calls the entity's key ``n % 2`` (a journaled child run), or fails as it fails."""
+    return int(await ctx.entity("tally", str(n % 2)).call("add", n))
+
+
 ENGINE_LOG = logging.getLogger("runstream.engine")
-WORKFLOWS = ("saga", "waiter", "chain", "keyed", "parent", "promised", "published", "updatable")
+WORKFLOWS = (
+    "saga", "waiter", "chain", "keyed", "parent", "promised", "published", "updatable", "caller",
+)  # fmt: skip
 HOW = hs.sampled_from(["ok", "retryable", "terminal"])
 INDEX = hs.integers(0, 1_000)
 
@@ -448,6 +475,27 @@ def _awaited_at(facts: list[Any]) -> dict[tuple[int, str], int]:
     return out
 
 
+def entity_problems(shell: Shell) -> list[str]:
+    """At rest, each key of the entity holds the sum and the count of the calls that
+    completed (each call once, however often it was delivered, retried or recovered),
+    and nothing of the ones that failed or were cancelled."""
+    want: dict[str, tuple[int, int]] = {}
+    for run_id in shell.runs():
+        st = shell.run_state(run_id)
+        if st.workflow == entity_workflow("tally") and st.status == Status.COMPLETED:
+            call = payload.loads(st.input)
+            total, calls = want.get(call["key"], (0, 0))
+            want[call["key"]] = (total + int(call["arg"]), calls + 1)
+    out = []
+    for key in ("0", "1"):
+        st = shell.state(entity_lock_id("tally", key))
+        value = payload.loads(st.value) if isinstance(st, LimitState) and st.value else {}
+        got = (value.get("sum", 0), value.get("calls", 0))
+        if got != want.get(key, (0, 0)):
+            out.append(f"tally[{key}]: holds (sum, calls) {got}, its completed calls {want[key]}")
+    return out
+
+
 def promise_problems(shell: Shell, runs: Iterable[str]) -> list[str]:
     """A promise completes at most once, never before it was created; a completed run
     gave each await of it that one outcome."""
@@ -545,6 +593,7 @@ class CoreModel(RuleBasedStateMachine):
         self.pauses = 0
         self.completions: list[CompletePromise] = []
         self.updates: list[Update] = []
+        self.sent: dict[str, StartRun] = {}  # the entity calls, by run id
         # The model dead-letters many commands on purpose (cancels of unknown runs, late
         # results): keep the engine's warnings out of the captured log (errors stay).
         self._level = ENGINE_LOG.level
@@ -572,6 +621,23 @@ class CoreModel(RuleBasedStateMachine):
         run_id = f"r{len(self.started)}"
         self.started.append(run_id)
         self.shell.send(StartRun(run_id, workflow, input=payload.dumps(n)))
+
+    @precondition(lambda self: len(self.started) < 6)
+    @rule(key=hs.sampled_from(["0", "1"]), k=hs.integers(0, 3), again=hs.booleans())
+    def entity_call(self, key: str, k: int, again: bool) -> None:
+        """A client's exclusive call to a key of the entity, or one sent before, again
+        (the same call id: the same run)."""
+        calls = [r for r in self.started if r.startswith(entity_workflow("tally"))]
+        if again and calls:
+            self.shell.send(self.sent[calls[-1]])
+            return
+        run_id = entity_call_id("tally", key, f"c{len(self.started)}")
+        self.started.append(run_id)
+        cmd = StartRun(
+            run_id, entity_workflow("tally"), input=payload.dumps(call_input(key, "add", k))
+        )
+        self.sent[run_id] = cmd
+        self.shell.send(cmd)
 
     @precondition(lambda self: self.started)
     @rule(i=INDEX, again=hs.booleans())
@@ -871,6 +937,7 @@ class CoreModel(RuleBasedStateMachine):
         assert not (p := ttl_problems(shell)), told(p)
         assert not (p := witness_problems(shell, at_rest=True)), told(p)
         assert not (p := update_problems(shell, shell.by_run, at_rest=True)), told(p)
+        assert not (p := entity_problems(shell)), told(p)
 
 
 class Progress:

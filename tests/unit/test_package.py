@@ -21,6 +21,7 @@ def test_public_names_are_pinned():
         "ConfigError",
         "Context",
         "DecodeError",
+        "EntityContext",
         "EventNotSet",
         "EventRefused",
         "EventTimeout",
@@ -53,6 +54,7 @@ def test_public_names_are_pinned():
         "RunstreamError",
         "SchemaError",
         "Settings",
+        "SharedContext",
         "SignalTimeout",
         "StepContext",
         "StepError",
@@ -63,6 +65,7 @@ def test_public_names_are_pinned():
         "UpdateHandle",
         "Worker",
         "WorkflowNotFound",
+        "shared",
     }
 
 

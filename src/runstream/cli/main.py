@@ -59,6 +59,7 @@ LAZY: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "sources": ("sources_cmd", "sources", ()),
     "tasks": ("tasks_cmd", "tasks", ("tasks_status:status",)),
     "promise": ("promise_cmd", "promise", ()),
+    "entities": ("entities_cmd", "entities", ()),
     "ui": ("ui_cmd", "ui", ()),
 }
 

@@ -130,6 +130,7 @@ def _run(state: RunState, fact: Fact) -> None:
             state.permits[fact.seq] = fact
         case PermitReceived(seq=seq) if seq == RUN_PERMIT_SEQ:
             state.pending.pop(seq, None)  # the run may go on; it holds the permit till its end
+            state.permit_value = fact.value
             if not fact.granted:
                 state.permits.pop(seq, None)
         case PermitReceived():
@@ -250,6 +251,8 @@ def _limit(state: LimitState, fact: Fact) -> None:
         case PermitReleased():
             if state.held.pop((fact.holder, fact.seq), None) is None:
                 _take_from_queue(state, fact.holder, fact.seq)
+            if fact.value is not None:  # a durable entity's call ended with this state
+                state.value = fact.value
         case _:
             raise UnknownFactError(f"{type(fact).__name__} on limit entity {state.run_id!r}")
 

@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from runstream.engine import payload
+from runstream.engine.entities import EntityRef
 from runstream.engine.interceptors import (
     ActivationInput,
     ChildInput,
@@ -674,6 +675,11 @@ class Context:
     def random(self) -> float:
         """A random float in [0, 1), recorded on first execution."""
         return float(self._value("random", lambda: _random.Random(os.urandom(16)).random()))
+
+    def entity(self, name: str, key: str) -> EntityRef:
+        """Key ``key`` of durable entity ``name`` (`App.entity`):
+        ``await ctx.entity("cart", key).call("add", item)`` is a journaled call."""
+        return EntityRef(self, name, key)
 
     def continue_as_new(self, input: Any = None) -> None:
         """End this run and start ``<run_id>~N`` with ``input`` and a fresh history."""

@@ -127,6 +127,8 @@ class RunState:
     # Validated updates (`rules.updates`): every one accepted, in order, and their outcomes.
     updates: dict[str, UpdateAccepted] = field(default_factory=dict)
     update_results: dict[str, UpdateCompleted] = field(default_factory=dict)
+    # A durable entity's call (`App.entity`): the state given with its lock (JSON).
+    permit_value: bytes | None = None
 
     @property
     def exists(self) -> bool:
@@ -285,6 +287,7 @@ class LimitState:
     tat_ms: float = 0.0
     served: dict[str, int] = field(default_factory=dict)
     grants: int = 0
+    value: bytes | None = None  # a durable entity's state (JSON), when the limit is its lock
 
     def copy(self) -> LimitState:
         return replace(self, held=dict(self.held), queue=list(self.queue), served=dict(self.served))

@@ -233,6 +233,7 @@ class Registry:
     sources: dict[str, SourceDef] = field(default_factory=dict)  # by topic
     _by_name: dict[str, StepDef] = field(default_factory=dict)
     interceptors: list[Interceptor] = field(default_factory=list)  # App(interceptors=...)
+    entities: dict[str, Any] = field(default_factory=dict)  # engine.entities.EntityDef, by name
 
     def add_workflow(self, wf: WorkflowDef) -> None:
         """Register a workflow version; each (name, version) once."""

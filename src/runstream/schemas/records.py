@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import KW_ONLY, dataclass, field
 from enum import StrEnum
 from typing import ClassVar
@@ -240,6 +240,43 @@ def promise_of(pid: str) -> tuple[str, int] | None:
     return run_id, int(seq)
 
 
+#: A durable entity ``name`` (`App.entity`): each exclusive call is a run of the workflow
+#: ``entity:<name>`` whose id `entity_call_id` names; one key's calls share the limit
+#: `entity_lock_id` (one permit), which queues them and keeps the key's state.
+ENTITY_WORKFLOW_PREFIX = "entity:"
+
+
+def entity_workflow(name: str) -> str:
+    """The hidden workflow whose runs are the exclusive calls of entity ``name``."""
+    return f"{ENTITY_WORKFLOW_PREFIX}{name}"
+
+
+def entity_lock_id(name: str, key: str) -> str:
+    """The limit that is entity ``name`` ``key``'s lock, queue and state."""
+    return limit_id(entity_workflow(name), key)
+
+
+def entity_call_id(
+    name: str, key: str, call_id: str, partition: Callable[[str], int] | None = None
+) -> str:
+    """The run id of call ``call_id`` to entity ``name`` ``key``: the same call id is the
+    same run, so a call sent twice runs once. With ``partition`` (a run id's partition),
+    the id lands on the partition of the key's lock (a ``#<n>`` suffix, the first that
+    does): one sender's calls to a key then stay in the order it sent them."""
+    base = entity_id(
+        f"{entity_workflow(name)}/", key, call_id, hashed=f"{name}\x00{key}\x00{call_id}"
+    )
+    if partition is None:
+        return base
+    if len(base.encode()) > MAX_RUN_ID_BYTES - 8:  # room for the suffix
+        base = f"{entity_workflow(name)}/" + hashlib.sha256(base.encode()).hexdigest()
+    home, n, run_id = partition(entity_lock_id(name, key)), 0, base
+    while partition(run_id) != home:
+        n += 1
+        run_id = f"{base}#{n}"
+    return run_id
+
+
 def continuation_of(run_id: str) -> str:
     """The id of the run that continues ``run_id`` (``order`` -> ``order~1`` -> ``order~2``)."""
     base, n = run_id, 0
@@ -437,6 +474,7 @@ class Grant(Record):
     reason: str = ""
     sent_at_ms: int = 0
     request_id: str = ""  # the request answered: a stale one is released, not taken
+    value: bytes | None = None  # a durable entity's state, given with its lock (JSON)
 
 
 @dataclass(frozen=True, slots=True)
@@ -447,6 +485,7 @@ class Release(Record):
     seq: int
     sent_at_ms: int = 0
     request_id: str = ""  # the request whose permit goes back (forged: frees nothing)
+    value: bytes | None = None  # a durable entity's new state (JSON); None: unchanged
 
 
 @dataclass(frozen=True, slots=True)
@@ -1017,6 +1056,7 @@ class PermitReleased(Record):
     _: KW_ONLY
     holder: str
     seq: int
+    value: bytes | None = None  # a durable entity's state after the call; None: unchanged
 
 
 @dataclass(frozen=True, slots=True)
@@ -1040,6 +1080,7 @@ class PermitReceived(Record):
     attempt: int = 1
     granted: bool = True
     reason: str = ""
+    value: bytes | None = None  # a durable entity's state, given with its lock (JSON)
 
 
 @dataclass(frozen=True, slots=True)

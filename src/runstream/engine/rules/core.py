@@ -23,7 +23,7 @@ from runstream.engine.replay import (
     StepCall,
     replay,
 )
-from runstream.engine.rules import children, limits, pause, runs, steps, updates
+from runstream.engine.rules import children, entities, limits, pause, runs, steps, updates
 from runstream.engine.rules.context import Rules, settled
 from runstream.engine.state import RunState, RunView, State, Status
 from runstream.engine.work import Batch
@@ -294,5 +294,6 @@ def emit(b: Batch, st: State, fact: Fact) -> None:
         b.effects.lifecycle.append(ev)
     if ending:
         for asked in permits.values():  # the run's permits and requests go back
-            b.effects.commands.append(limits.release_of(b, st, asked))
+            value = entities.state_after(st, fact, asked)  # an entity call's new state
+            b.effects.commands.append(limits.release_of(b, st, asked, value))
         children.ended(b, st, fact, kids)

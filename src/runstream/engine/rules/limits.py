@@ -84,6 +84,7 @@ def grant(ctx: Rules, b: Batch, st: RunState, cmd: Grant) -> None:
         attempt=asked.attempt,
         granted=cmd.granted,
         reason=cmd.reason,
+        value=cmd.value,
     )
     core.emit(b, st, received)
     if not cmd.granted:  # only a run's own permit is ever refused (max_queued)
@@ -102,11 +103,18 @@ def give_back(b: Batch, st: RunState, seq: int) -> None:
         b.effects.commands.append(release_of(b, st, asked))
 
 
-def release_of(b: Batch, st: RunState, asked: PermitRequested | Grant) -> Release:
+def release_of(
+    b: Batch, st: RunState, asked: PermitRequested | Grant, value: bytes | None = None
+) -> Release:
     """The Release that gives back the permit (or withdraws the request) ``asked``, or
-    the one a Grant answers."""
+    the one a Grant answers; ``value``: a durable entity's new state."""
     return Release(
-        asked.limit, st.run_id, seq=asked.seq, sent_at_ms=b.now, request_id=asked.request_id
+        asked.limit,
+        st.run_id,
+        seq=asked.seq,
+        sent_at_ms=b.now,
+        request_id=asked.request_id,
+        value=value,
     )
 
 
@@ -163,7 +171,11 @@ def release(ctx: Rules, b: Batch, ent: LimitState, cmd: Release) -> None:
     a Release naming the request's id (from the holder's Acquire) counts: one by
     anybody else frees nothing."""
     if ent.request_of(cmd.holder, cmd.seq) == cmd.request_id:
-        core.emit(b, ent, PermitReleased(ent.run_id, b.now, holder=cmd.holder, seq=cmd.seq))
+        # Only the holder of the permit sets a durable entity's state, never a request
+        # withdrawn from the queue.
+        value = cmd.value if (cmd.holder, cmd.seq) in ent.held else None
+        released = PermitReleased(ent.run_id, b.now, holder=cmd.holder, seq=cmd.seq, value=value)
+        core.emit(b, ent, released)
         grant_waiting(b, ent)
 
 
@@ -194,5 +206,6 @@ def _give(b: Batch, ent: LimitState, holder: str, seq: int, fairness: str, reque
             reason="",
             sent_at_ms=b.now,
             request_id=request_id,
+            value=ent.value,
         )
     )

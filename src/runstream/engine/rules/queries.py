@@ -6,15 +6,19 @@ fact and runs no step: its transaction only consumes the command and sends the a
 from __future__ import annotations
 
 from runstream.engine import payload, replay
+from runstream.engine.rules import entities
 from runstream.engine.rules.context import Rules
-from runstream.engine.state import RunState, State
+from runstream.engine.state import LimitState, RunState, State
 from runstream.engine.work import Batch
 from runstream.errors import QueryFailed
 from runstream.schemas.records import LiveQuery, QueryAnswer
 
 
 def live_query(ctx: Rules, b: Batch, st: State, cmd: LiveQuery) -> None:
-    """Answer ``cmd`` from the run as it is now (an entity's id names no run)."""
+    """Answer ``cmd`` from the run as it is now (an entity's id names no run; a durable
+    entity's lock answers a shared call)."""
+    if isinstance(st, LimitState):
+        return entities.shared(ctx, b, st, cmd)
     found = isinstance(st, RunState) and st.exists
     answer = QueryAnswer(cmd.request_id, cmd.run_id, found=found)
     if isinstance(st, RunState) and found:

@@ -1,0 +1,114 @@
+"""`runstream entities show|call|read`: a durable entity's key (`App.entity`,
+`Client.entity`): what it holds, an exclusive call, a shared read. The key's owner (a
+running engine) answers `show` and `read`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from runstream.cli import options
+from runstream.cli.options import namespace
+from runstream.cli.runs_cmd import as_json
+from runstream.client import Client
+
+_timeout = click.option(
+    "--timeout",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Seconds to wait for the answer.",
+)
+
+
+@click.group()
+def entities() -> None:
+    """Durable entities (@app.entity): show a key, call or read it."""
+
+
+@entities.command()
+@click.argument("name")
+@click.argument("key")
+@namespace
+@options.bootstrap
+@_timeout
+@as_json
+def show(
+    name: str, key: str, namespace: str, bootstrap: str | None, timeout: float, as_json: bool
+) -> None:
+    """Entity NAME's key KEY: its state, the call in progress (with what it waits on,
+    when its run is on the key's partition: a client's call is) and the calls queued, by
+    run id. Exits 1 if no engine answers within --timeout."""
+    with Client(namespace, bootstrap) as client:
+        doc = client.entity(name, key).show(timeout=timeout)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"entity {name} key {key}")
+    click.echo(f"state:       {json.dumps(doc['state'])}")
+    for call in doc["in_progress"]:
+        waits = doc["waits_on"].get(call)
+        click.echo(f"in progress: {call}" + (f" (waits on: {', '.join(waits)})" if waits else ""))
+    if not doc["in_progress"]:
+        click.echo("in progress: -")
+    click.echo(f"queued:      {', '.join(doc['queue']) or '-'}")
+
+
+@entities.command()
+@click.argument("name")
+@click.argument("key")
+@click.argument("handler")
+@click.argument("arg", required=False)
+@namespace
+@options.bootstrap
+@click.option("--call-id", default=None, help="Idempotency: the same id is the same call.")
+@click.option("--timeout", type=float, default=30.0, show_default=True)
+def call(
+    name: str,
+    key: str,
+    handler: str,
+    arg: str | None,
+    namespace: str,
+    bootstrap: str | None,
+    call_id: str | None,
+    timeout: float,
+) -> None:
+    """Call exclusive HANDLER of entity NAME's key KEY with ARG (JSON; null if left out)
+    and print its result as JSON, once the calls before it are done."""
+    value = _json(arg)
+    with Client(namespace, bootstrap) as client:
+        result = client.entity(name, key).call(handler, value, call_id=call_id, timeout=timeout)
+    click.echo(json.dumps(result))
+
+
+@entities.command()
+@click.argument("name")
+@click.argument("key")
+@click.argument("handler")
+@click.argument("arg", required=False)
+@namespace
+@options.bootstrap
+@_timeout
+def read(
+    name: str,
+    key: str,
+    handler: str,
+    arg: str | None,
+    namespace: str,
+    bootstrap: str | None,
+    timeout: float,
+) -> None:
+    """Ask shared HANDLER of entity NAME's key KEY with ARG (JSON) and print its answer."""
+    value = _json(arg)
+    with Client(namespace, bootstrap) as client:
+        result = client.entity(name, key).read(handler, value, timeout=timeout)
+    click.echo(json.dumps(result))
+
+
+def _json(arg: str | None) -> Any:
+    try:
+        return None if arg is None else json.loads(arg)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="ARG") from None

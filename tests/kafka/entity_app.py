@@ -1,0 +1,62 @@
+"""An App with a durable entity, for the entity tests (in-process, or in a worker
+subprocess as ``tests.kafka.entity_app:app``; the namespace from RUNSTREAM_TEST_NS).
+The ``post`` step appends ``post begin|end <key> <call> <time_ns> <pid>`` to
+RUNSTREAM_TEST_STEP_LOG and, while the file RUNSTREAM_TEST_GATE names is missing, waits
+for it (up to a minute); then it sleeps RUNSTREAM_TEST_STEP_SECONDS (default 0)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import runstream
+
+
+def _log(line: str) -> None:
+    path = os.environ.get("RUNSTREAM_TEST_STEP_LOG")
+    if path:
+        with open(path, "a") as f:  # one short write per line: appends do not interleave
+            f.write(f"{line} {time.time_ns()} {os.getpid()}\n")
+
+
+def make_app(ns: str, bootstrap: str | None = None, **kw: Any) -> runstream.App:
+    app = runstream.App(ns, bootstrap, **kw)
+
+    @app.step
+    def post(key: str, call: str, amount: int) -> int:
+        _log(f"post begin {key} {call}")
+        gate = os.environ.get("RUNSTREAM_TEST_GATE")
+        until = time.monotonic() + 60
+        while gate and not Path(gate).exists() and time.monotonic() < until:
+            time.sleep(0.05)
+        time.sleep(float(os.environ.get("RUNSTREAM_TEST_STEP_SECONDS", "0")))
+        _log(f"post end {key} {call}")
+        return amount
+
+    @app.entity("ledger")
+    class Ledger:
+        async def deposit(ctx: runstream.EntityContext, arg: dict) -> int:
+            amount = await ctx.step(post, ctx.key, arg["call"], arg["amount"])
+            balance = int(ctx.state.get("balance", 0)) + amount
+            ctx.state.set("balance", balance)
+            ctx.state.set("calls", [*ctx.state.get("calls", []), arg["call"]])
+            return balance
+
+        async def overdraw(ctx: runstream.EntityContext, arg: dict) -> None:
+            ctx.state.set("balance", -1_000_000)
+            raise ValueError(f"no overdraft for {ctx.key}")
+
+        @runstream.shared
+        def balance(ctx: runstream.SharedContext, _: None) -> int:
+            return int(ctx.state.get("balance", 0))
+
+    @app.workflow
+    async def payer(ctx: runstream.Context, job: dict) -> int:
+        return int(await ctx.entity("ledger", job["key"]).call("deposit", job))
+
+    return app
+
+
+app = make_app(os.environ.get("RUNSTREAM_TEST_NS", "entities-test"))
