@@ -10,17 +10,10 @@ from typing import Any
 import click
 
 from runstream.cli import options
-from runstream.cli.options import namespace
-from runstream.cli.runs_cmd import as_json
+from runstream.cli.options import emit, json_output, namespace, wait_option
 from runstream.client import Client
 
-_timeout = click.option(
-    "--timeout",
-    type=float,
-    default=5.0,
-    show_default=True,
-    help="Seconds to wait for the answer.",
-)
+_wait = wait_option(5.0, "the key's owner to answer")
 
 
 @click.group()
@@ -33,16 +26,16 @@ def entities() -> None:
 @click.argument("key")
 @namespace
 @options.bootstrap
-@_timeout
-@as_json
+@_wait
+@json_output
 def show(
-    name: str, key: str, namespace: str, bootstrap: str | None, timeout: float, as_json: bool
+    name: str, key: str, namespace: str, bootstrap: str | None, wait: float, as_json: bool
 ) -> None:
     """Entity NAME's key KEY: its state, the call in progress (with what it waits on,
     when its run is on the key's partition: a client's call is) and the calls queued, by
-    run id. Exits 1 if no engine answers within --timeout."""
+    run id. Exits 7 if no engine answers within --wait."""
     with Client(namespace, bootstrap) as client:
-        doc = client.entity(name, key).show(timeout=timeout)
+        doc = client.entity(name, key).show(timeout=wait)
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
@@ -64,7 +57,8 @@ def show(
 @namespace
 @options.bootstrap
 @click.option("--call-id", default=None, help="Idempotency: the same id is the same call.")
-@click.option("--timeout", type=float, default=30.0, show_default=True)
+@wait_option(30.0, "the call's result")
+@json_output
 def call(
     name: str,
     key: str,
@@ -73,14 +67,16 @@ def call(
     namespace: str,
     bootstrap: str | None,
     call_id: str | None,
-    timeout: float,
+    wait: float,
+    as_json: bool,
 ) -> None:
     """Call exclusive HANDLER of entity NAME's key KEY with ARG (JSON; null if left out)
-    and print its result as JSON, once the calls before it are done."""
+    and print its result as JSON, once the calls before it are done (the result is JSON
+    with or without --json)."""
     value = _json(arg)
     with Client(namespace, bootstrap) as client:
-        result = client.entity(name, key).call(handler, value, call_id=call_id, timeout=timeout)
-    click.echo(json.dumps(result))
+        result = client.entity(name, key).call(handler, value, call_id=call_id, timeout=wait)
+    emit(as_json, result, json.dumps(result))
 
 
 @entities.command()
@@ -90,7 +86,8 @@ def call(
 @click.argument("arg", required=False)
 @namespace
 @options.bootstrap
-@_timeout
+@_wait
+@json_output
 def read(
     name: str,
     key: str,
@@ -98,13 +95,15 @@ def read(
     arg: str | None,
     namespace: str,
     bootstrap: str | None,
-    timeout: float,
+    wait: float,
+    as_json: bool,
 ) -> None:
-    """Ask shared HANDLER of entity NAME's key KEY with ARG (JSON) and print its answer."""
+    """Ask shared HANDLER of entity NAME's key KEY with ARG (JSON) and print its answer
+    (JSON with or without --json)."""
     value = _json(arg)
     with Client(namespace, bootstrap) as client:
-        result = client.entity(name, key).read(handler, value, timeout=timeout)
-    click.echo(json.dumps(result))
+        result = client.entity(name, key).read(handler, value, timeout=wait)
+    emit(as_json, result, json.dumps(result))
 
 
 def _json(arg: str | None) -> Any:
