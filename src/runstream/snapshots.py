@@ -1,0 +1,123 @@
+"""When an owner writes snapshots to ``<ns>.state`` and purges finished runs.
+
+Every ``snapshot_interval`` seconds the next transaction (a batch's, or one of its own
+when the engine is idle) also carries, per owned partition, the snapshot records of the
+runs its projection committed since the last snapshot (`PartitionStore.take_snapshot`)
+and the marker: the journal offset that committed state reflects. They ride the
+owner's transaction with its command offsets, so a fenced zombie cannot write them, and
+they hold only state already committed. A transaction that does not commit gives them
+back (`aborted`): the next one writes them.
+
+On the same tick, with ``finished_retention``, the runs that ended longer ago than it
+are purged from each projection (at most `PURGE_PER_TICK` a partition: the work of a
+tick stays bounded) and their snapshot keys get tombstones.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+from runstream.errors import DecodeError
+from runstream.projections.snapshot import Image, Unreadable
+from runstream.projections.store import PartitionStore, Taken
+from runstream.topics.base import EngineLog
+from runstream.topics.outbox import Out
+
+log = logging.getLogger("runstream.snapshots")
+
+PURGE_PER_TICK = 1000
+
+
+class Snapshots:
+    """The snapshot ticks of one engine instance.
+
+    Args:
+        topic: ``<ns>.state``; None: no snapshots (the topic is missing).
+        interval: seconds between snapshots; 0: none.
+        retention: seconds a finished run is kept; 0: for ever.
+    """
+
+    def __init__(self, topic: str | None, interval: float, retention: float) -> None:
+        self.topic = topic if interval > 0 else None
+        self._interval_ms, self._retention_ms = int(interval * 1000), int(retention * 1000)
+        self._next_ms = 0
+        self._taken: dict[int, tuple[PartitionStore, Taken, int]] = {}
+        self._marked: dict[int, int] = {}  # each partition's last marker committed
+        self.purged = 0  # runs purged by this instance
+
+    def due(self, now_ms: int) -> bool:
+        return self.topic is not None and now_ms >= self._next_ms
+
+    def take(self, now_ms: int, stores: Mapping[int, PartitionStore]) -> list[Out]:
+        """The records of a snapshot when one is due (purging first), else none."""
+        if self.topic is None or not self.due(now_ms):
+            return []
+        self._next_ms = now_ms + self._interval_ms
+        out: list[Out] = []
+        for p, store in stores.items():
+            if self._retention_ms:
+                for run_id in store.finished(now_ms - self._retention_ms, PURGE_PER_TICK):
+                    store.purge(run_id)
+                    self.purged += 1
+            if self._marked.get(p) == store.journal_offset and not store.changing:
+                continue
+            records, taken = store.take_snapshot()
+            self._taken[p] = (store, taken, store.journal_offset)
+            out += [Out(self.topic, p, key, value) for key, value in records]
+        return out
+
+    def committed(self) -> None:
+        for p, (_, _, offset) in self._taken.items():
+            self._marked[p] = offset
+        self._taken.clear()
+
+    def aborted(self) -> None:
+        """The records taken did not commit: the next snapshot writes them, soon."""
+        for store, taken, _ in self._taken.values():
+            if store.open:
+                store.untake(taken)
+        self._taken.clear()
+        self._next_ms = 0
+
+
+def restore_snapshots(
+    stores: Mapping[int, PartitionStore], engine_log: EngineLog, stopping: Callable[[], bool]
+) -> None:
+    """Fill these empty projections from their partitions of ``<ns>.state``: each one
+    with a marker gets the runs of its snapshot and the journal offset to go on from.
+    One that has no snapshot, or one this engine cannot read, stays empty (with a log
+    line) and is restored from the whole journal."""
+    began = time.monotonic()
+    images = {p: Image() for p in stores}
+    broken: dict[int, str] = {}
+    for rec in engine_log.read_state(list(stores), stopping):
+        if rec.partition in images and rec.partition not in broken:
+            try:
+                images[rec.partition].add(rec.key, rec.value)
+            except Unreadable as exc:
+                broken[rec.partition] = str(exc)
+    if stopping():
+        return
+    for p, image in images.items():
+        if p in broken or image.journal_offset is None:
+            if p in broken:
+                log.warning("snapshot of partition %d unreadable (%s): the journal", p, broken[p])
+            continue
+        store = stores[p]
+        try:
+            runs = list(image.runs())  # all checked before any is written
+            count = store.load(runs, image.journal_offset)
+        except (Unreadable, DecodeError) as exc:
+            store.clear()
+            log.warning("snapshot of partition %d unreadable (%s): the journal", p, exc)
+            continue
+        log.info(
+            "partition %d restored from its snapshot: %d runs and entities, journal from "
+            "offset %d (%.2fs)",
+            p,
+            count,
+            image.journal_offset,
+            time.monotonic() - began,
+        )

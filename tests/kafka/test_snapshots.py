@@ -1,0 +1,206 @@
+"""Snapshots in ``<ns>.state`` and retention of finished runs (issue 24), on a real broker:
+a new owner with an empty disk restores from the snapshot topic and the journal's tail,
+with only the live runs; a snapshot of an older format restores; an unreadable one falls
+back to the journal."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+import runstream
+from runstream.engine.partitioner import partition_for
+from runstream.projections.snapshot import Image
+from runstream.schemas.codec import Codec
+from runstream.schemas.records import RunStarted, SignalAwaited
+from runstream.topics.admin import client_config, ensure_topics
+
+from .flows import make_app
+from .kit import (
+    PARTITIONS,
+    ThreadWorker,
+    check_ticks,
+    client_or_none,
+    kill,
+    read_topic,
+    spawn_worker,
+    terminate,
+    wait_for,
+)
+
+pytestmark = pytest.mark.kafka
+
+SNAPSHOTS = {"RUNSTREAM_SNAPSHOT_INTERVAL": "0.5", "RUNSTREAM_FINISHED_RETENTION": "1"}
+
+
+def _state_images(bootstrap: str, ns: str) -> dict[int, Image]:
+    """Each partition's image as ``<ns>.state`` holds it now (read_committed)."""
+    topic = f"{ns}.state"
+    consumer = Consumer(
+        {
+            **client_config(bootstrap),
+            "group.id": f"read-{time.time_ns()}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        images, at_end = {p: Image() for p in range(PARTITIONS)}, set()
+        deadline = time.monotonic() + 30
+        while len(at_end) < PARTITIONS and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    at_end.add(msg.partition())
+                continue
+            images[msg.partition()].add(msg.key(), msg.value())
+        return images
+    finally:
+        consumer.close()
+
+
+def _snapshot_runs(bootstrap: str, ns: str) -> set[str]:
+    return {r.run_id for image in _state_images(bootstrap, ns).values() for r in image.runs()}
+
+
+def test_a_new_owner_with_an_empty_disk_restores_only_live_runs_from_the_snapshots(
+    kafka_bootstrap, ns, tmp_path
+):
+    """Finished runs past a 1 s retention are purged and tombstoned; w1 is SIGKILLed, its
+    disk deleted; w2 restores the live runs from ``<ns>.state`` (the finished ones are not
+    read again), and they finish with no step body run twice."""
+    log = tmp_path / "steps.log"
+    state = tmp_path / "state"
+    state.mkdir()
+    w1 = spawn_worker(kafka_bootstrap, ns, state, "w1", log, **SNAPSHOTS)
+    w2 = None
+    client = wait_for(lambda: client_or_none(ns, kafka_bootstrap), what="topics")
+    try:
+        done = [f"done-{i}" for i in range(20)]
+        for run_id in done:
+            client.start("three_steps", 1, run_id=run_id, wait=False)
+        sleepy = [f"sleepy-{i}" for i in range(4)]
+        for run_id in sleepy:
+            client.start("sleepy", 25, run_id=run_id, wait=False)
+        waiting = [f"approval-{i}" for i in range(4)]
+        for run_id in waiting:
+            client.start("approval", None, run_id=run_id, wait=False)
+        assert {client.result(r, timeout=60) for r in done} == {4}
+        # the finished runs purged, the live ones in the snapshot topic
+        live = set(sleepy) | set(waiting)
+        wait_for(
+            lambda: _snapshot_runs(kafka_bootstrap, ns) == live,
+            timeout=60,
+            what="a snapshot of only the live runs",
+        )
+        with pytest.raises(runstream.RunNotFound):  # purged from the projection
+            client.get_run("done-0")
+        kill(w1)
+        shutil.rmtree(state / ns / "w1")  # the new owner has an empty disk
+        w2 = spawn_worker(kafka_bootstrap, ns, state, "w2", log, **SNAPSHOTS)
+        for run_id in waiting:
+            client.signal(run_id, "approve", "ann")
+        for run_id in waiting:
+            assert client.result(run_id, timeout=90) == {"approved": True, "by": "ann"}
+        for run_id in sleepy:
+            assert client.result(run_id, timeout=90) == "rested"
+        with pytest.raises(runstream.RunNotFound):  # not restored from the journal either
+            client.get_run("done-1")
+    finally:
+        client.close()
+        for w in (w1, w2):
+            if w is not None and w.poll() is None:
+                terminate(w)
+    w2_log = (tmp_path / "w2.log").read_text()
+    restored = [line for line in w2_log.splitlines() if "restored from its snapshot" in line]
+    assert len(restored) == PARTITIONS, w2_log
+    restored_runs = sum(int(line.split(": ")[-1].split()[0]) for line in restored)
+    assert restored_runs == len(live)
+    print("\n" + "\n".join(restored))
+    journal = read_topic(kafka_bootstrap, f"{ns}.journal", timeout=30)
+    ticks = [line for line in log.read_text().splitlines() if line.startswith("sleepy-")]
+    log.write_text("".join(f"{line}\n" for line in ticks))  # three_steps' lines aside
+    print(check_ticks(log, journal, sleepy))
+
+
+def _produce(bootstrap: str, topic: str, partition: int, records: list[tuple[bytes, bytes]]):
+    producer = Producer(client_config(bootstrap))
+    for key, value in records:
+        producer.produce(topic, value, key, partition=partition)
+    assert producer.flush(30) == 0
+
+
+def _approval_facts(run_id: str) -> list[bytes]:
+    codec, now = Codec.default(), int(time.time() * 1000)
+    return [
+        codec.encode(RunStarted(run_id, now, workflow="approval", version="1", input=b"null")),
+        codec.encode(SignalAwaited(run_id, now, seq=1, name="approve", timeout_at_ms=None)),
+    ]
+
+
+def test_a_snapshot_in_format_1_restores(kafka_bootstrap, ns, tmp_path):
+    """A snapshot written byte for byte in format 1 (the first one: a newer engine must keep
+    reading it) holds a run the journal does not: the engine knows it from the snapshot
+    alone, and the run goes on."""
+    ensure_topics(kafka_bootstrap, ns, PARTITIONS)
+    run_id = "legacy"
+    p = partition_for(run_id.encode(), PARTITIONS)
+    started, awaited = _approval_facts(run_id)
+    chunk = b"\x01C" + len(started).to_bytes(4, "big") + started
+    chunk += len(awaited).to_bytes(4, "big") + awaited
+    _produce(
+        kafka_bootstrap,
+        f"{ns}.state",
+        p,
+        [
+            (b"legacy\x00\x00\x00\x00\x00", chunk),  # its facts from the first on
+            (b"legacy", b"\x01H\x00\x00\x00\x02"),  # two facts, no heartbeats
+            (b"\x00journal", b"\x01M" + bytes(8)),  # the journal from offset 0
+        ],
+    )
+    worker = ThreadWorker(make_app(ns, kafka_bootstrap), tmp_path / "state")
+    client = wait_for(lambda: client_or_none(ns, kafka_bootstrap), what="the client")
+    try:
+        assert client.get_run(run_id).status == "running"
+        client.signal(run_id, "approve", "bob")
+        assert client.result(run_id, timeout=60) == {"approved": True, "by": "bob"}
+    finally:
+        client.close()
+        worker.stop()
+
+
+def test_an_unreadable_snapshot_falls_back_to_the_journal(kafka_bootstrap, ns, tmp_path, caplog):
+    """A snapshot of a format this engine does not know (99) is not used: the partition is
+    restored from its journal, which has the run, and says so in the log."""
+    ensure_topics(kafka_bootstrap, ns, PARTITIONS)
+    run_id = "journaled"
+    p = partition_for(run_id.encode(), PARTITIONS)
+    _produce(
+        kafka_bootstrap, f"{ns}.journal", p, [(run_id.encode(), f) for f in _approval_facts(run_id)]
+    )
+    _produce(
+        kafka_bootstrap,
+        f"{ns}.state",
+        p,
+        [
+            (b"other", b"\x63H\x00\x00\x00\x01"),
+            (b"\x00journal", b"\x63M" + (99).to_bytes(8, "big")),
+        ],
+    )
+    worker = ThreadWorker(make_app(ns, kafka_bootstrap), tmp_path / "state")
+    client = wait_for(lambda: client_or_none(ns, kafka_bootstrap), what="the client")
+    try:
+        assert client.get_run(run_id).status == "running"
+        client.signal(run_id, "approve", "cy")
+        assert client.result(run_id, timeout=60) == {"approved": True, "by": "cy"}
+    finally:
+        client.close()
+        worker.stop()
+    assert f"snapshot of partition {p} unreadable (snapshot format 99" in caplog.text
