@@ -10,7 +10,8 @@ back (`aborted`): the next one writes them.
 
 On the same tick, with ``finished_retention``, the runs that ended longer ago than it
 are purged from each projection (at most `PURGE_PER_TICK` a partition: the work of a
-tick stays bounded) and their snapshot keys get tombstones.
+tick stays bounded), their snapshot keys get tombstones, and a ``run.purged`` lifecycle
+event tells the read models (`runstream runs show` says the run was purged).
 """
 
 from __future__ import annotations
@@ -19,11 +20,16 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
+from runstream.engine.state import RunState
 from runstream.errors import DecodeError
 from runstream.projections.snapshot import Image, Unreadable
 from runstream.projections.store import PartitionStore, Taken
+from runstream.schemas.codec import Codec
+from runstream.schemas.records import Kind, LifecycleEvent
 from runstream.topics.base import EngineLog
+from runstream.topics.lifecycle_wire import Wire
 from runstream.topics.outbox import Out
+from runstream.topics.spec import Topics
 
 log = logging.getLogger("runstream.snapshots")
 
@@ -37,10 +43,21 @@ class Snapshots:
         topic: ``<ns>.state``; None: no snapshots (the topic is missing).
         interval: seconds between snapshots; 0: none.
         retention: seconds a finished run is kept; 0: for ever.
+        topics, codec, wire: where and how ``run.purged`` events are written.
     """
 
-    def __init__(self, topic: str | None, interval: float, retention: float) -> None:
+    def __init__(
+        self,
+        topic: str | None,
+        interval: float,
+        retention: float,
+        topics: Topics | None = None,
+        codec: Codec | None = None,
+        wire: Wire | None = None,
+    ) -> None:
         self.topic = topic if interval > 0 else None
+        self._topics, self._codec, self._wire = topics, codec, wire
+        self._events: list[Out] = []  # run.purged events not committed yet
         self._interval_ms, self._retention_ms = int(interval * 1000), int(retention * 1000)
         self._next_ms = 0
         self._taken: dict[int, tuple[PartitionStore, Taken, int]] = {}
@@ -59,6 +76,7 @@ class Snapshots:
         for p, store in stores.items():
             if self._retention_ms:
                 for run_id in store.finished(now_ms - self._retention_ms, PURGE_PER_TICK):
+                    self._purged(p, store.get(run_id), now_ms)
                     store.purge(run_id)
                     self.purged += 1
             if self._marked.get(p) == store.journal_offset and not store.changing:
@@ -66,12 +84,28 @@ class Snapshots:
             records, taken = store.take_snapshot()
             self._taken[p] = (store, taken, store.journal_offset)
             out += [Out(self.topic, p, key, value) for key, value in records]
-        return out
+        return out + self._events
+
+    def _purged(self, p: int, state: object, now_ms: int) -> None:
+        if self._topics is None or self._codec is None or not isinstance(state, RunState):
+            return
+        ev = LifecycleEvent(
+            Kind.RUN_PURGED,
+            state.run_id,
+            at_ms=now_ms,
+            workflow=state.workflow,
+            version=state.version,
+            status=state.status.value,
+        )
+        data = self._codec.encode(ev)
+        data = data if self._wire is None else self._wire(ev, data)
+        self._events.append(Out(self._topics.lifecycle, p, state.run_id.encode(), data))
 
     def committed(self) -> None:
         for p, (_, _, offset) in self._taken.items():
             self._marked[p] = offset
         self._taken.clear()
+        self._events = []
 
     def aborted(self) -> None:
         """The records taken did not commit: the next snapshot writes them, soon."""

@@ -152,7 +152,12 @@ class Worker:
         if self._log is None or not self._log.start(self, self._stopping.is_set):
             return None
         self._snapshots = Snapshots(
-            self._log.state_topic, s.snapshot_interval, s.finished_retention
+            self._log.state_topic,
+            s.snapshot_interval,
+            s.finished_retention,
+            self.topics,
+            self.codec,
+            self._lifecycle,
         )
         self._decider = Decider(
             self.app.registry,

@@ -5,13 +5,16 @@ back to the journal."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 
 import pytest
+from click.testing import CliRunner
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 import runstream
+from runstream.cli.main import cli
 from runstream.engine.partitioner import partition_for
 from runstream.projections.snapshot import Image
 from runstream.schemas.codec import Codec
@@ -124,6 +127,14 @@ def test_a_new_owner_with_an_empty_disk_restores_only_live_runs_from_the_snapsho
     restored_runs = sum(int(line.split(": ")[-1].split()[0]) for line in restored)
     assert restored_runs == len(live)
     print("\n" + "\n".join(restored))
+    # the read model learned of the purge (run.purged): `runs show` says so
+    args = ["runs", "show", "done-0", "-n", ns, "--bootstrap", kafka_bootstrap]
+    shown = CliRunner().invoke(cli, [*args, "--cache-dir", str(tmp_path / "cache"), "--json"])
+    assert shown.exit_code == 0, shown.output
+    row = json.loads(shown.stdout)["run"]
+    assert row["status"] == "completed" and row["purged_at_ms"] is not None
+    text = CliRunner().invoke(cli, [*args, "--cache-dir", str(tmp_path / "cache2")]).output
+    assert "purged" in text and "past finished_retention" in text
     journal = read_topic(kafka_bootstrap, f"{ns}.journal", timeout=30)
     ticks = [line for line in log.read_text().splitlines() if line.startswith("sleepy-")]
     log.write_text("".join(f"{line}\n" for line in ticks))  # three_steps' lines aside
