@@ -102,8 +102,10 @@ class Snapshots:
         self._events.append(Out(self._topics.lifecycle, p, state.run_id.encode(), data))
 
     def committed(self) -> None:
-        for p, (_, _, offset) in self._taken.items():
+        for p, (store, taken, offset) in self._taken.items():
             self._marked[p] = offset
+            if store.open:
+                store.snapshotted(taken)
         self._taken.clear()
         self._events = []
 

@@ -125,6 +125,35 @@ def test_a_snapshot_taken_but_not_committed_is_taken_again(tmp_path):
     assert again == first
 
 
+def test_what_changed_since_the_last_snapshot_committed_survives_a_reopen(tmp_path):
+    """An owner that lets a partition go before its next snapshot, and takes it back later
+    from its own disk, still writes what changed meanwhile (else ``<ns>.state`` would
+    miss facts its marker says it has)."""
+    core, codec = _core(), Codec.default()
+    core.start("a", "waits")
+    core.start("b", "waits")
+    store = PartitionStore(tmp_path / "p", codec)
+    _sync(store, core)
+    _, taken = store.take_snapshot()
+    store.snapshotted(taken)  # committed: a and b are in <ns>.state
+    core.signal("a", "other", 1)
+    _sync(store, core)
+    dump = store.dump()
+    store.close()
+    again = PartitionStore(tmp_path / "p", codec)
+    assert again.changed == {"a": 2} and again.dump() == dump  # bookkeeping is no content
+    records, taken = again.take_snapshot()
+    assert {k for k, _ in records} == {b"a\x00\x00\x00\x00\x00", b"a", snapshot.MARKER_KEY}
+    again.untake(taken)  # did not commit: still due after a reopen
+    again.close()
+    third = PartitionStore(tmp_path / "p", codec)
+    assert third.changed == {"a": 2}
+    _, taken = third.take_snapshot()
+    third.snapshotted(taken)
+    third.close()
+    assert PartitionStore(tmp_path / "p", codec).changed == {}
+
+
 def test_the_image_reads_tombstones_and_refuses_what_it_cannot_read():
     image = _image(
         [

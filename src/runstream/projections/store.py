@@ -9,6 +9,9 @@ Keys (raw bytes, so byte order is meaningful):
     i <run_id>                          the run has a step started with no outcome
     p <run_id>                          the run is parked
     e <ended_ms: 8B BE> <run_id>        the run ended then (finished runs, for retention)
+    d <run_id>                          changed since the last snapshot: its first new
+                                        fact (4B BE); kept so that a reopened projection
+                                        still writes it (bookkeeping: not in `dump`)
     b <run_id>                          its remote attempts' latest heartbeats (JSON)
     m journal                           next journal offset to read (8B BE)
 
@@ -126,7 +129,10 @@ class PartitionStore:
         raw = self._db.get(_OFFSET_KEY)
         self.journal_offset: int = int.from_bytes(raw, "big") if raw else 0
         # Runs committed since the last snapshot taken: run id -> its first new fact
-        self.changed: dict[str, int] = {}
+        changed = key_range(self._db, b"d", b"e", "items")
+        self.changed: dict[str, int] = {
+            k[1:].decode(): int.from_bytes(v, "big") for k, v in changed
+        }
         self._open_chunk: dict[str, int] = {}  # run id -> where its last chunk begins
         self.tombstones: list[bytes] = []  # snapshot keys of runs purged since
 
@@ -160,10 +166,14 @@ class PartitionStore:
             yield self._codec.decode(data)  # type: ignore[misc]  # only facts are stored
 
     def commit(
-        self, changes: Iterable[tuple[State, State, list[bytes]]], journal_offset: int
+        self,
+        changes: Iterable[tuple[State, State, list[bytes]]],
+        journal_offset: int,
+        snapshotted: bool = False,
     ) -> None:
         """Write ``(before, after, new encoded facts)`` per run and the journal offset
-        they reach, atomically, then make ``after`` the cached state."""
+        they reach, atomically, then make ``after`` the cached state. The runs are
+        changed for the next snapshot unless they come from one (``snapshotted``)."""
         batch = WriteBatch(raw_mode=True)
         afters = []
         for before, after, encoded in changes:
@@ -171,7 +181,9 @@ class PartitionStore:
             first = after.facts - len(encoded)
             for i, data in enumerate(encoded, start=first):
                 batch.put(_fact_key(run, i), data)
-            self.changed[after.run_id] = min(first, self.changed.get(after.run_id, first))
+            if not snapshotted and first < self.changed.get(after.run_id, first + 1):
+                self.changed[after.run_id] = first
+                batch.put(b"d" + run, first.to_bytes(4, "big"))
             old, new = index_keys(before), index_keys(after)
             for key in old - new:
                 batch.delete(key)
@@ -220,7 +232,8 @@ class PartitionStore:
 
     def dump(self) -> list[tuple[bytes, bytes]]:
         """Every key and value, in order: two projections of the same journal compare equal."""
-        return [(k, v) for k, v in self.db.items() if isinstance(k, bytes)]  # raw mode: all bytes
+        items = self.db.items()  # raw mode: all bytes; d keys are bookkeeping
+        return [(k, v) for k, v in items if isinstance(k, bytes) and not k.startswith(b"d")]
 
     def forget(self, run_id: str) -> None:
         self._cache.pop(run_id, None)
@@ -266,6 +279,15 @@ class PartitionStore:
         records.append((snapshot.MARKER_KEY, snapshot.encode_marker(self.journal_offset)))
         return records, taken
 
+    def snapshotted(self, taken: Taken) -> None:
+        """A snapshot taken committed: its runs are in ``<ns>.state`` (unless changed
+        since)."""
+        batch = WriteBatch(raw_mode=True)
+        for run_id in taken.changed:
+            if run_id not in self.changed:
+                batch.delete(b"d" + _run(run_id))
+        self.db.write(batch)
+
     def untake(self, taken: Taken) -> None:
         """A snapshot taken did not commit: its runs are changed still, its tombstones
         due (first: a run purged may have started again since)."""
@@ -287,15 +309,14 @@ class PartitionStore:
             changes.append((new_state(run.run_id), state, run.facts))
             count += 1
             if len(changes) >= 2000:
-                self.commit(changes, self.journal_offset)
+                self.commit(changes, self.journal_offset, snapshotted=True)
                 changes = []
-        self.commit(changes, journal_offset)
-        self.changed, self.tombstones = {}, []  # all of it is in the snapshot already
+        self.commit(changes, journal_offset, snapshotted=True)
         return count
 
     def clear(self) -> None:
         """Delete everything (a snapshot that could not be loaded whole)."""
-        keys = [k for k, _ in self.dump()]
+        keys = list(self.db.keys())
         for i in range(0, len(keys), 10_000):
             batch = WriteBatch(raw_mode=True)
             for key in keys[i : i + 10_000]:
@@ -326,6 +347,7 @@ class PartitionStore:
         for key in index_keys(state):
             batch.delete(key)
         batch.delete(b"b" + run)
+        batch.delete(b"d" + run)
         self.db.write(batch)
         self._cache.pop(run_id, None)
         self.changed.pop(run_id, None)
