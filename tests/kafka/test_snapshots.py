@@ -28,6 +28,7 @@ from .kit import (
     check_ticks,
     client_or_none,
     kill,
+    owns,
     read_topic,
     spawn_worker,
     terminate,
@@ -139,6 +140,57 @@ def test_a_new_owner_with_an_empty_disk_restores_only_live_runs_from_the_snapsho
     ticks = [line for line in log.read_text().splitlines() if line.startswith("sleepy-")]
     log.write_text("".join(f"{line}\n" for line in ticks))  # three_steps' lines aside
     print(check_ticks(log, journal, sleepy))
+
+
+def test_a_handover_to_an_instance_with_an_empty_disk_restores_from_the_snapshots(
+    kafka_bootstrap, ns, tmp_path
+):
+    """w2 joins: w1 hands half the partitions over (gracefully) and w2, with an empty disk,
+    restores them from ``<ns>.state``: the live runs only, a paused one still paused. Then
+    the live runs are signalled, unpaused and cancelled across both owners."""
+    state = tmp_path / "state"
+    state.mkdir()
+    w1 = spawn_worker(kafka_bootstrap, ns, state, "w1", **SNAPSHOTS)
+    w2 = None
+    client = wait_for(lambda: client_or_none(ns, kafka_bootstrap), what="topics")
+    try:
+        wait_for(lambda: len(owns(state, ns, "w1")) == PARTITIONS, what="w1 to own all")
+        done = [f"done-{i}" for i in range(12)]
+        for run_id in done:
+            client.start("three_steps", 1, run_id=run_id, wait=False)
+        waiting = [f"approval-{i}" for i in range(12)]
+        for run_id in waiting:
+            client.start("approval", None, run_id=run_id, wait=False)
+        assert {client.result(r, timeout=60) for r in done} == {4}
+        client.pause("approval-0", reason="hold")
+        wait_for(
+            lambda: _snapshot_runs(kafka_bootstrap, ns) == set(waiting),
+            timeout=60,
+            what="a snapshot of only the live runs",
+        )
+        w2 = spawn_worker(kafka_bootstrap, ns, state, "w2", **SNAPSHOTS)
+        taken = wait_for(lambda: owns(state, ns, "w2"), timeout=90, what="w2 to take some")
+        assert client.get_run("approval-0").status == "paused"
+        for run_id in waiting[1:]:
+            client.signal(run_id, "approve", "ann")
+        client.cancel("approval-1")  # approved already: the cancel changes nothing
+        client.unpause("approval-0")
+        client.cancel("approval-0")
+        for run_id in waiting[1:]:
+            assert client.result(run_id, timeout=60) == {"approved": True, "by": "ann"}
+        with pytest.raises(runstream.RunCancelled):
+            client.result("approval-0", timeout=60)
+    finally:
+        client.close()
+        for w in (w1, w2):
+            if w is not None and w.poll() is None:
+                terminate(w)
+    w2_log = (tmp_path / "w2.log").read_text()
+    restored = [line for line in w2_log.splitlines() if "restored from its snapshot" in line]
+    on_w2 = [r for r in waiting if partition_for(r.encode(), PARTITIONS) in taken]
+    total = sum(int(line.split(": ")[-1].split()[0]) for line in restored)
+    assert restored and len(on_w2) <= total <= len(waiting)  # live runs only
+    assert "handover of partitions" in (tmp_path / "w1.log").read_text()
 
 
 def _produce(bootstrap: str, topic: str, partition: int, records: list[tuple[bytes, bytes]]):

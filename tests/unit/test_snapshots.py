@@ -224,3 +224,16 @@ def test_a_run_id_started_again_after_its_purge_replays_as_a_new_run(tmp_path):
     assert state.workflow == "waits" and state.facts == len(new)
     assert store.journal_offset == len(journal)
     assert list(store.facts("r")) == new
+
+
+def test_after_the_purge_a_retry_is_refused_and_a_start_starts_a_new_run():
+    """As documented: a failed run can be retried only while it is kept; once purged its
+    id is unknown to the engine, and a start with it starts a new run."""
+    core = _core()
+    core.start("r", "fails")
+    assert core.state("r").status is Status.FAILED
+    core.states.pop("r")  # what the purge leaves: no state
+    core.command(Retry("r", retry_id="late"))
+    assert [d.code for d in core.dead] == ["unknown-run"]
+    core.start("r", "waits")
+    assert core.state("r").workflow == "waits" and core.state("r").status is Status.RUNNING
