@@ -43,7 +43,8 @@ __all__ = [
 DEFAULT_PARTITIONS = 12
 DEFAULT_REPLICATION = 1
 
-_DAY_MS = 24 * 60 * 60 * 1000
+_HOUR_MS = 60 * 60 * 1000
+_DAY_MS = 24 * _HOUR_MS
 _WEEK_MS = 7 * _DAY_MS
 
 #: The fixed topic families of a namespace (``tasks.<group>`` is a template on top).
@@ -65,11 +66,19 @@ _FAMILY_CONFIGS: dict[str, tuple[str, dict[str, str]]] = {
     "events": ("any", {"cleanup.policy": "delete", "retention.ms": str(_WEEK_MS)}),
     "replies": ("client id", {"cleanup.policy": "delete", "retention.ms": str(_DAY_MS)}),
     "dlq": ("original key", {"cleanup.policy": "delete", "retention.ms": "-1"}),
-    # state: the latest snapshot record per key (`projections.snapshot`); a purged run's
-    # tombstones are dropped a day after compaction saw them.
+    # state: the latest snapshot record per key (`projections.snapshot`). A new owner reads
+    # it whole, so it is compacted eagerly: segments roll hourly (the active one is never
+    # cleaned), the cleaner starts at 10% dirty, and a purged run's tombstones go an hour
+    # after a cleaning saw them (a restore reads a partition in seconds).
     "state": (
         "run id",
-        {"cleanup.policy": "compact", "delete.retention.ms": str(_DAY_MS), "retention.ms": "-1"},
+        {
+            "cleanup.policy": "compact",
+            "retention.ms": "-1",
+            "segment.ms": str(_HOUR_MS),
+            "min.cleanable.dirty.ratio": "0.1",
+            "delete.retention.ms": str(_HOUR_MS),
+        },
     ),
 }
 
