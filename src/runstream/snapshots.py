@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from runstream.engine.state import RunState
 from runstream.errors import DecodeError
@@ -67,8 +67,11 @@ class Snapshots:
     def due(self, now_ms: int) -> bool:
         return self.topic is not None and now_ms >= self._next_ms
 
-    def take(self, now_ms: int, stores: Mapping[int, PartitionStore]) -> list[Out]:
-        """The records of a snapshot when one is due (purging first), else none."""
+    def take(
+        self, now_ms: int, stores: Mapping[int, PartitionStore], busy: Collection[str] = ()
+    ) -> list[Out]:
+        """The records of a snapshot when one is due (purging first), else none. The
+        ``busy`` runs (the batch about to commit decided them) are not purged now."""
         if self.topic is None or not self.due(now_ms):
             return []
         self._next_ms = now_ms + self._interval_ms
@@ -76,6 +79,8 @@ class Snapshots:
         for p, store in stores.items():
             if self._retention_ms:
                 for run_id in store.finished(now_ms - self._retention_ms, PURGE_PER_TICK):
+                    if run_id in busy:  # a retry, say: purged on a later tick if still old
+                        continue
                     self._purged(p, store.get(run_id), now_ms)
                     store.purge(run_id)
                     self.purged += 1

@@ -310,7 +310,7 @@ class Worker:
         except Overrun:  # delivered after its activation ended: nothing is lost, redo
             self._redo(engine_log, b, items, started, decided)
             return None
-        snapshot = self._snapshots.take(now, self._owned.stores())  # none unless due
+        snapshot = self._snapshots.take(now, self._owned.stores(), b.runs)  # none unless due
         if b.empty and not snapshot:
             if b.changed:  # nothing to commit, but a state change to keep (Batch.changed)
                 self._project(b, Committed({}, {}))

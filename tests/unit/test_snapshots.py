@@ -237,3 +237,35 @@ def test_after_the_purge_a_retry_is_refused_and_a_start_starts_a_new_run():
     assert [d.code for d in core.dead] == ["unknown-run"]
     core.start("r", "waits")
     assert core.state("r").workflow == "waits" and core.state("r").status is Status.RUNNING
+
+
+def test_a_tick_purges_old_finished_runs_but_not_one_the_batch_decided(tmp_path):
+    """`Snapshots.take`: the purge comes before the snapshot records (tombstones first),
+    with a run.purged event; a run the batch about to commit decided (a retry, say) waits
+    for a later tick."""
+    from runstream.snapshots import Snapshots
+    from runstream.topics.spec import Topics
+
+    core = _core()
+    core.start("old", "many", 1)
+    core.start("busy", "many", 1)
+    core.start("live", "waits")
+    store = PartitionStore(tmp_path / "p", Codec.default())
+    _sync(store, core)
+    ticks = Snapshots("t.state", 1.0, 60.0, Topics("t"), Codec.default())
+    now = core.now + 61_000
+    out = ticks.take(now, {0: store}, busy={"busy"})
+    assert store.get("old").facts == 0 and store.get("busy").facts > 0
+    state = [o for o in out if o.topic == "t.state"]
+    assert [(o.key, o.value) for o in state[:2]] == [
+        (b"old\x00\x00\x00\x00\x00", None),
+        (b"old", None),
+    ]
+    [event] = [o for o in out if o.topic == "t.lifecycle"]
+    decoded = Codec.default().decode(event.value)
+    assert (decoded.type, decoded.run_id, decoded.status) == ("run.purged", "old", "completed")
+    ticks.committed()
+    assert ticks.take(now + 500, {0: store}) == []  # not due yet
+    out = ticks.take(now + 1000, {0: store})
+    assert store.get("busy").facts == 0 and store.get("live").facts == 2
+    assert ticks.purged == 2
