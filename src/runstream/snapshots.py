@@ -64,6 +64,11 @@ class Snapshots:
         self._marked: dict[int, int] = {}  # each partition's last marker committed
         self.purged = 0  # runs purged by this instance
 
+    def soon(self) -> None:
+        """Take the next snapshot with the next transaction (a handover: the next owner
+        then restores from a fresh one)."""
+        self._next_ms = 0
+
     def due(self, now_ms: int) -> bool:
         return self.topic is not None and now_ms >= self._next_ms
 

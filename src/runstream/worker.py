@@ -237,6 +237,7 @@ class Worker:
             for run_id in self._owned.running(p)
             if run_id not in crashed
         ]
+        self._snapshots.soon()  # the next owner restores from it, with a short tail
         b = self._process(engine_log, [], then=handovers)
         handed = sum(isinstance(f, StepHandedOver) for f in b.effects.facts) if b else 0
         self.stats["handed_over"] += handed

@@ -255,26 +255,24 @@ class PartitionStore:
         taken = Taken(self.changed, self.tombstones)
         self.changed, self.tombstones = {}, []
         records: list[tuple[bytes, bytes | None]] = [(k, None) for k in taken.tombstones]
-        for run_id, first in taken.changed.items():
-            state = self.get(run_id)
-            if not state.facts:  # purged meanwhile: its tombstones went
-                continue
+        for run_id, first in taken.changed.items():  # raw bytes: nothing is decoded
             run = _run(run_id)
             start = self._open_chunk.get(run_id)
             if start is None or start > first:  # where the chunk holding `first` begins
                 before = self._range(_fact_key(run, 0), _fact_key(run, first), values=True)
                 start = (snapshot.cut(len(v) for v in before) or [0])[-1]
-            facts = list(self._range(_fact_key(run, start), _fact_key(run, state.facts), True))
+            facts = list(self._range(_fact_key(run, start), b"f" + run + b"\x01", True))
+            count = start + len(facts)
+            if not count:  # purged meanwhile: its tombstones went
+                continue
             starts = snapshot.cut((len(v) for v in facts), start)
-            for lo, hi in zip(starts, [*starts[1:], state.facts], strict=True):
+            for lo, hi in zip(starts, [*starts[1:], count], strict=True):
                 chunk = facts[lo - start : hi - start]
                 records.append((snapshot.chunk_key(run_id, lo), snapshot.encode_chunk(chunk)))
-            if isinstance(state, RunState) and state.terminal:
-                self._open_chunk.pop(run_id, None)  # rarely grows again: recomputed then
-            else:
-                self._open_chunk[run_id] = starts[-1]
-            beats = beats_of(state)
-            head = snapshot.encode_head(state.facts, _dump_beats(beats) if beats else None)
+            if len(self._open_chunk) >= 10_000:  # a cache: recomputed when missing
+                self._open_chunk.clear()
+            self._open_chunk[run_id] = starts[-1]
+            head = snapshot.encode_head(count, self.db.get(b"b" + run))
             records.append((snapshot.head_key(run_id), head))
         records.append((snapshot.MARKER_KEY, snapshot.encode_marker(self.journal_offset)))
         return records, taken
