@@ -77,9 +77,10 @@ def _snapshot_runs(bootstrap: str, ns: str) -> set[str]:
 def test_a_new_owner_with_an_empty_disk_restores_only_live_runs_from_the_snapshots(
     kafka_bootstrap, ns, tmp_path
 ):
-    """Finished runs past a 1 s retention are purged and tombstoned; w1 is SIGKILLed, its
-    disk deleted; w2 restores the live runs from ``<ns>.state`` (the finished ones are not
-    read again), and they finish with no step body run twice."""
+    """Finished runs past a 1 s retention are purged and tombstoned; w1 is SIGKILLed (steps
+    running, timers set, signals awaited), its disk deleted; w2 restores the live runs from
+    ``<ns>.state`` (the finished ones are not read again), and they finish with no
+    committed step body run again."""
     log = tmp_path / "steps.log"
     state = tmp_path / "state"
     state.mkdir()
@@ -96,9 +97,12 @@ def test_a_new_owner_with_an_empty_disk_restores_only_live_runs_from_the_snapsho
         waiting = [f"approval-{i}" for i in range(4)]
         for run_id in waiting:
             client.start("approval", None, run_id=run_id, wait=False)
+        working = [f"steady-{i}" for i in range(3)]  # a step running at the kill
+        for run_id in working:
+            client.start("steady", 20, run_id=run_id, wait=False)
         assert {client.result(r, timeout=60) for r in done} == {4}
         # the finished runs purged, the live ones in the snapshot topic
-        live = set(sleepy) | set(waiting)
+        live = set(sleepy) | set(waiting) | set(working)
         wait_for(
             lambda: _snapshot_runs(kafka_bootstrap, ns) == live,
             timeout=60,
@@ -115,6 +119,8 @@ def test_a_new_owner_with_an_empty_disk_restores_only_live_runs_from_the_snapsho
             assert client.result(run_id, timeout=90) == {"approved": True, "by": "ann"}
         for run_id in sleepy:
             assert client.result(run_id, timeout=90) == "rested"
+        for run_id in working:  # recovered: its running step was restored from the snapshot
+            assert client.result(run_id, timeout=90) == run_id
         with pytest.raises(runstream.RunNotFound):  # not restored from the journal either
             client.get_run("done-1")
     finally:
