@@ -89,8 +89,8 @@ class Snapshots:
                     self._purged(p, store.get(run_id), now_ms)
                     store.purge(run_id)
                     self.purged += 1
-            if self._marked.get(p) == store.journal_offset and not store.changing:
-                continue
+            if store.journal_offset in (0, self._marked.get(p)) and not store.changing:
+                continue  # nothing new to write
             records, taken = store.take_snapshot()
             self._taken[p] = (store, taken, store.journal_offset)
             out += [Out(self.topic, p, key, value) for key, value in records]
