@@ -18,11 +18,26 @@ from typing import Any
 
 # The harness (and with it runstream) is imported only when a workload runs, so that
 # `compare`, which only starts subprocesses, does not load the engine's code.
-WORKLOADS = ("floor", "W1", "W2", "W3", "W3b", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11")
+WORKLOADS = (
+    "floor",
+    "W1",
+    "W2",
+    "W3",
+    "W3b",
+    "W4",
+    "W5",
+    "W5S",
+    "W6",
+    "W7",
+    "W8",
+    "W9",
+    "W10",
+    "W11",
+)
 
 
 def _functions() -> dict[str, Callable[..., Any]]:
-    from . import failover, floor, workloads
+    from . import failover, floor, w5s, workloads
 
     return {
         "floor": floor.floor,
@@ -32,6 +47,7 @@ def _functions() -> dict[str, Callable[..., Any]]:
         "W3b": workloads.w3b,
         "W4": workloads.w4,
         "W5": workloads.w5,
+        "W5S": w5s.w5s,
         "W6": workloads.w6,
         "W7": workloads.w7,
         "W8": workloads.w8,

@@ -19,6 +19,7 @@ from runstream.engine.state import State, beats_of
 from runstream.engine.work import Batch, LogRecord, StepOutcome, Work
 from runstream.projections.store import PartitionStore, catch_up
 from runstream.schemas.codec import Codec
+from runstream.snapshots import restore_snapshots
 from runstream.standby import Standbys
 from runstream.topics.base import EngineLog
 from runstream.topics.outbox import Committed
@@ -77,6 +78,9 @@ class Partitions:
                 lambda p: PartitionStore(self.state_dir / f"p{p}", self.codec), partitions
             )
             stores = dict(zip(partitions, opened, strict=True))
+        empty = [p for p, s in stores.items() if s.journal_offset == 0]
+        if empty and engine_log.state_topic is not None:  # a new owner: from the snapshots
+            restore_snapshots({p: stores[p] for p in empty}, engine_log, stopping)
         offsets = {p: s.journal_offset for p, s in stores.items()}
         facts = catch_up(stores, engine_log.read_journal(offsets, stopping))
         if stopping():
@@ -115,6 +119,9 @@ class Partitions:
 
     def close(self) -> None:
         self.release(list(self._owned))
+
+    def stores(self) -> dict[int, PartitionStore]:
+        return {p: owned.store for p, owned in self._owned.items()}
 
     def load(self, p: int, run_id: str) -> State:
         return self._owned[p].store.get(run_id)

@@ -160,6 +160,21 @@ class Settings(BaseSettings):
         le=16_384,
         description="Updates one run's history takes; then it should continue as new.",
     )
+    # -- snapshots and retention (`runstream.snapshots`) ---------------------------------
+    snapshot_interval: float = Field(
+        10.0,
+        ge=0,
+        description="Seconds between two snapshots of the runs that changed, written by "
+        "each owner to <ns>.state (a new owner restores from them and the journal's tail); "
+        "0: no snapshots (a new owner reads the whole journal).",
+    )
+    finished_retention: float = Field(
+        0.0,
+        ge=0,
+        description="Seconds a finished (completed, failed, cancelled, dead) run is kept "
+        "after its end; then it is purged from the projection and the snapshots, and its "
+        "id can start a new run. 0: kept for ever. Needs snapshot_interval > 0.",
+    )
     metrics_port: int = Field(
         0,
         ge=0,

@@ -40,6 +40,7 @@ from runstream.runtime.steps import StepRunner, chain
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import END_FACTS, LIMIT_PREFIX, StepHandedOver
 from runstream.settings import Settings
+from runstream.snapshots import Snapshots
 from runstream.standby import Standbys
 from runstream.supervisor import stop_on_signals
 from runstream.topics import lifecycle_wire
@@ -101,6 +102,7 @@ class Worker:
         # wake up a zombie whose partitions another owner took, ran and committed, so no
         # step of theirs may run ahead of its commit (`runtime.steps.chain`) meanwhile.
         self._suspect: set[int] = set()
+        self._snapshots = Snapshots(None, 0, 0)  # set at connect, once the topic is known
 
     # -- lifecycle -------------------------------------------------------------------
     def stop(self) -> None:
@@ -161,6 +163,14 @@ class Worker:
                 self.settings.standbys,
             )
             self._owned.standbys.start()
+        self._snapshots = Snapshots(
+            self._log.state_topic,
+            s.snapshot_interval,
+            s.finished_retention,
+            self.topics,
+            self.codec,
+            self._lifecycle,
+        )
         self._decider = Decider(
             self.app.registry,
             partitions=self._log.partitions,
@@ -241,6 +251,7 @@ class Worker:
             for run_id in self._owned.running(p)
             if run_id not in crashed
         ]
+        self._snapshots.soon()  # the next owner restores from it, with a short tail
         b = self._process(engine_log, [], then=handovers)
         handed = sum(isinstance(f, StepHandedOver) for f in b.effects.facts) if b else 0
         self.stats["handed_over"] += handed
@@ -287,7 +298,7 @@ class Worker:
         and commit what they decided in one transaction; the batch, once committed."""
         began, now = time.perf_counter(), int(time.time() * 1000)
         items: list[Work] = [*records, *self._inbox.take(now, self._steps), *then]
-        if not items:
+        if not items and not self._snapshots.due(now):
             return None
         assert self._decider is not None
         b, decider = Batch(self._owned.load, now, self._parked, self._owned.since), self._decider
@@ -314,19 +325,22 @@ class Worker:
         except Overrun:  # delivered after its activation ended: nothing is lost, redo
             self._redo(engine_log, b, items, started, decided)
             return None
-        if b.empty:
+        snapshot = self._snapshots.take(now, self._owned.stores(), b.runs)  # none unless due
+        if b.empty and not snapshot:
             if b.changed:  # nothing to commit, but a state change to keep (Batch.changed)
                 self._project(b, Committed({}, {}))
             return None
         answered = self._waiters.answer(b, decider.run_info)
         decided_at = time.perf_counter()
         written = commit(
-            engine_log, b, self.topics, self.codec, self._owned.position, self._lifecycle
+            engine_log, b, self.topics, self.codec, self._owned.position, self._lifecycle, snapshot
         )
         committed_at = time.perf_counter()
         if written is None:
+            self._snapshots.aborted()
             self._redo(engine_log, b, items, started, decided)
         else:
+            self._snapshots.committed()
             self._waiters.committed(b, answered)
             self._apply(b, written, started)
             if self._metrics_server is not None:  # metrics off: they cost nothing

@@ -164,6 +164,13 @@ class MemoryLog(Transactions):
                 key, value = records[o]
                 yield LogRecord(self.topics.journal, p, o, key, value)
 
+    state_topic = None  # no snapshots: `read_state` is Kafka's (tests/kafka)
+
+    def read_state(
+        self, partitions: Collection[int], stopping: Callable[[], bool]
+    ) -> Iterator[LogRecord]:
+        return iter(())
+
     def begin(self, journal_partitions: Collection[int] = ()) -> None:
         def begin() -> None:
             assert self._txn is None, "a transaction is already open"
@@ -177,7 +184,7 @@ class MemoryLog(Transactions):
         topic: str,
         partition: int | None,
         key: bytes | None,
-        value: bytes,
+        value: bytes | None,
         headers: Sequence[tuple[str, bytes]] = (),
     ) -> None:
         def produce() -> None:

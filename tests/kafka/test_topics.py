@@ -54,7 +54,10 @@ def test_ensure_topics_is_idempotent(kafka_bootstrap: str, ns: str) -> None:
     t = Topics(ns)
     created = ensure_topics(kafka_bootstrap, ns, partitions=3, task_groups=["payments"])
     assert created == sorted(
-        [t.commands, t.journal, t.lifecycle, t.events, t.replies, t.dlq, t.tasks("payments")]
+        [
+            *(t.commands, t.journal, t.lifecycle, t.events, t.replies, t.dlq, t.state),
+            t.tasks("payments"),
+        ]
     )
     assert ensure_topics(kafka_bootstrap, ns, partitions=3, task_groups=["payments"]) == []
     assert ensure_topics(kafka_bootstrap, ns, partitions=3) == []
@@ -64,7 +67,7 @@ def test_ensure_topics_is_idempotent(kafka_bootstrap: str, ns: str) -> None:
     assert set(rows) == set(created)
     for r in rows.values():
         assert r["exists"] and r["partitions"] == 3 and r["replication"] == 1
-        assert r["configs"]["cleanup.policy"] == "delete"
+        assert r["configs"]["cleanup.policy"] == ("compact" if r is rows[t.state] else "delete")
         assert r["configs"]["min.insync.replicas"] == "1"  # broker default: RF is 1
     assert rows[t.journal]["family"] == "journal"
     assert rows[t.tasks("payments")]["family"] == "tasks"
@@ -73,6 +76,7 @@ def test_ensure_topics_is_idempotent(kafka_bootstrap: str, ns: str) -> None:
     assert rows[t.dlq]["configs"]["retention.ms"] == "-1"
     assert rows[t.commands]["configs"]["retention.ms"] == WEEK_MS
     assert rows[t.lifecycle]["configs"]["retention.ms"] == WEEK_MS
+    assert rows[t.state]["family"] == "state"  # snapshots: compacted, the same partitions
 
 
 def test_ensure_topics_adds_a_task_group_later(kafka_bootstrap: str, ns: str) -> None:

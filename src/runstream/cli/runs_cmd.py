@@ -350,6 +350,8 @@ def _summary(row: RunRow) -> Iterator[tuple[str, str]]:
         yield "error", row.error
     if row.continued_as:
         yield "continued", f"as {row.continued_as}"
+    if row.purged_at_ms is not None:  # snapshots.py: finished_retention
+        yield "purged", f"{_when(row.purged_at_ms)} (past finished_retention; journal keeps it)"
 
 
 def _line(ev: LifecycleEvent) -> str:

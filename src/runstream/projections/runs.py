@@ -81,6 +81,7 @@ class RunRow:
     continued_as: str | None = None
     steps: int = 0  # step.completed events
     events: int = 0
+    purged_at_ms: int | None = None  # run.purged: past the namespace's finished_retention
 
     def to_dict(self) -> dict[str, Any]:
         """The row for JSON output: input and output as JSON values."""
@@ -115,6 +116,7 @@ def fold(row: RunRow | None, ev: LifecycleEvent) -> RunRow | None:
         r.reason = ev.reason
     if ev.type == Kind.RUN_STARTED:
         r.started_at_ms, r.tags, r.input = ev.at_ms, dict(ev.tags), _text(ev.input)
+        r.purged_at_ms = None  # a new run of a purged one's id
     elif ev.type == Kind.STEP_COMPLETED:
         r.steps += 1
     elif ev.type == Kind.RUN_REJECTED:
@@ -124,6 +126,8 @@ def fold(row: RunRow | None, ev: LifecycleEvent) -> RunRow | None:
     elif ev.type == Kind.RUN_RETRIED:  # it runs again
         r.ended_at_ms = r.duration_ms = None
         r.error = None
+    elif ev.type == Kind.RUN_PURGED:
+        r.purged_at_ms = ev.at_ms
     elif ev.type in _ENDS:
         r.ended_at_ms, r.duration_ms = ev.at_ms, ev.duration_ms
         r.output, r.error, r.continued_as = _text(ev.output), ev.error, ev.continued_as

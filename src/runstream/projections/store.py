@@ -8,12 +8,17 @@ Keys (raw bytes, so byte order is meaningful):
     h <run_id>                          the run has a step a handover let go
     i <run_id>                          the run has a step started with no outcome
     p <run_id>                          the run is parked
+    e <ended_ms: 8B BE> <run_id>        the run ended then (finished runs, for retention)
+    d <run_id>                          changed since the last snapshot: its first new
+                                        fact (4B BE); kept so that a reopened projection
+                                        still writes it (bookkeeping: not in `dump`)
     b <run_id>                          its remote attempts' latest heartbeats (JSON)
     m journal                           next journal offset to read (8B BE)
 
 A run's state is the fold of its facts (plus its heartbeats, which are not facts);
 recently used states stay in an LRU so the hot path rarely decodes. A new or emptied
-directory rebuilds from the journal.
+directory restores from the snapshot topic (`projections.snapshot`), if it has one,
+then the journal from there.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch
 
@@ -32,8 +37,9 @@ from runstream.engine.reducer import apply
 from runstream.engine.state import Beat, RunState, State, Status, beats_of, new_state
 from runstream.engine.work import LogRecord
 from runstream.errors import DecodeError
+from runstream.projections import snapshot
 from runstream.schemas.codec import Codec
-from runstream.schemas.records import Fact
+from runstream.schemas.records import Fact, RunStarted
 
 log = logging.getLogger("runstream.projections")
 
@@ -71,7 +77,13 @@ def index_keys(state: State) -> set[bytes]:
         keys.add(b"h" + run)
     if state.status is Status.PARKED:
         keys.add(b"p" + run)
+    if state.terminal and state.ended_at_ms is not None:
+        keys.add(_ended_key(state.ended_at_ms, run))
     return keys
+
+
+def _ended_key(at_ms: int, run: bytes) -> bytes:
+    return b"e" + max(at_ms, 0).to_bytes(8, "big") + run
 
 
 def _dump_beats(beats: dict[int, Beat]) -> bytes:
@@ -85,6 +97,14 @@ def _dump_beats(beats: dict[int, Beat]) -> bytes:
 
 def _load_beats(data: bytes) -> dict[int, Beat]:
     return {seq: (at, None if d is None else d.encode()) for seq, at, d in json.loads(data)}
+
+
+class Taken(NamedTuple):
+    """What a snapshot took from a store: the runs changed (run id -> first new fact)
+    and the snapshot keys of the runs purged."""
+
+    changed: dict[str, int]
+    tombstones: list[bytes]
 
 
 class PartitionStore:
@@ -108,6 +128,13 @@ class PartitionStore:
         self._cache_size = cache_size
         raw = self._db.get(_OFFSET_KEY)
         self.journal_offset: int = int.from_bytes(raw, "big") if raw else 0
+        # Runs committed since the last snapshot taken: run id -> its first new fact
+        changed = key_range(self._db, b"d", b"e", "items")
+        self.changed: dict[str, int] = {
+            k[1:].decode(): int.from_bytes(v, "big") for k, v in changed
+        }
+        self._open_chunk: dict[str, int] = {}  # run id -> where its last chunk begins
+        self.tombstones: list[bytes] = []  # snapshot keys of runs purged since
 
     @property
     def db(self) -> Rdict:
@@ -139,16 +166,24 @@ class PartitionStore:
             yield self._codec.decode(data)  # type: ignore[misc]  # only facts are stored
 
     def commit(
-        self, changes: Iterable[tuple[State, State, list[bytes]]], journal_offset: int
+        self,
+        changes: Iterable[tuple[State, State, list[bytes]]],
+        journal_offset: int,
+        snapshotted: bool = False,
     ) -> None:
         """Write ``(before, after, new encoded facts)`` per run and the journal offset
-        they reach, atomically, then make ``after`` the cached state."""
+        they reach, atomically, then make ``after`` the cached state. The runs are
+        changed for the next snapshot unless they come from one (``snapshotted``)."""
         batch = WriteBatch(raw_mode=True)
         afters = []
         for before, after, encoded in changes:
             run = _run(after.run_id)
-            for i, data in enumerate(encoded, start=after.facts - len(encoded)):
+            first = after.facts - len(encoded)
+            for i, data in enumerate(encoded, start=first):
                 batch.put(_fact_key(run, i), data)
+            if not snapshotted and first < self.changed.get(after.run_id, first + 1):
+                self.changed[after.run_id] = first
+                batch.put(b"d" + run, first.to_bytes(4, "big"))
             old, new = index_keys(before), index_keys(after)
             for key in old - new:
                 batch.delete(key)
@@ -197,10 +232,126 @@ class PartitionStore:
 
     def dump(self) -> list[tuple[bytes, bytes]]:
         """Every key and value, in order: two projections of the same journal compare equal."""
-        return [(k, v) for k, v in self.db.items() if isinstance(k, bytes)]  # raw mode: all bytes
+        items = self.db.items()  # raw mode: all bytes; d keys are bookkeeping
+        return [(k, v) for k, v in items if isinstance(k, bytes) and not k.startswith(b"d")]
 
     def forget(self, run_id: str) -> None:
         self._cache.pop(run_id, None)
+
+    # -- snapshots and retention (`projections.snapshot`, `runstream.snapshots`) ----------
+    @property
+    def open(self) -> bool:
+        return self._db is not None
+
+    @property
+    def changing(self) -> bool:
+        """Runs changed or purged since the last snapshot taken."""
+        return bool(self.changed or self.tombstones)
+
+    def take_snapshot(self) -> tuple[list[tuple[bytes, bytes | None]], Taken]:
+        """The snapshot records since the last one: tombstones of the runs purged, new
+        chunks and heads of the runs changed, then the marker; and what was taken
+        (`untake` it if they do not commit)."""
+        taken = Taken(self.changed, self.tombstones)
+        self.changed, self.tombstones = {}, []
+        records: list[tuple[bytes, bytes | None]] = [(k, None) for k in taken.tombstones]
+        for run_id, first in taken.changed.items():  # raw bytes: nothing is decoded
+            run = _run(run_id)
+            start = self._open_chunk.get(run_id)
+            if start is None or start > first:  # where the chunk holding `first` begins
+                before = self._range(_fact_key(run, 0), _fact_key(run, first), values=True)
+                start = (snapshot.cut(len(v) for v in before) or [0])[-1]
+            facts = list(self._range(_fact_key(run, start), b"f" + run + b"\x01", True))
+            count = start + len(facts)
+            if not count:  # purged meanwhile: its tombstones went
+                continue
+            starts = snapshot.cut((len(v) for v in facts), start)
+            for lo, hi in zip(starts, [*starts[1:], count], strict=True):
+                chunk = facts[lo - start : hi - start]
+                records.append((snapshot.chunk_key(run_id, lo), snapshot.encode_chunk(chunk)))
+            if len(self._open_chunk) >= 10_000:  # a cache: recomputed when missing
+                self._open_chunk.clear()
+            self._open_chunk[run_id] = starts[-1]
+            head = snapshot.encode_head(count, self.db.get(b"b" + run))
+            records.append((snapshot.head_key(run_id), head))
+        records.append((snapshot.MARKER_KEY, snapshot.encode_marker(self.journal_offset)))
+        return records, taken
+
+    def snapshotted(self, taken: Taken) -> None:
+        """A snapshot taken committed: its runs are in ``<ns>.state`` (unless changed
+        since)."""
+        batch = WriteBatch(raw_mode=True)
+        for run_id in taken.changed:
+            if run_id not in self.changed:
+                batch.delete(b"d" + _run(run_id))
+        self.db.write(batch)
+
+    def untake(self, taken: Taken) -> None:
+        """A snapshot taken did not commit: its runs are changed still, its tombstones
+        due (first: a run purged may have started again since)."""
+        self.tombstones[:0] = taken.tombstones
+        for run_id, first in taken.changed.items():
+            self.changed[run_id] = min(first, self.changed.get(run_id, first))
+
+    def load(self, image: Iterable[snapshot.Run], journal_offset: int) -> int:
+        """Write the runs of a snapshot image (to an empty projection) and the journal
+        offset it reflects, which is written last: a restore cut short starts again.
+        How many runs."""
+        count, changes = 0, []
+        for run in image:
+            state = new_state(run.run_id)
+            for data in run.facts:
+                apply(state, self._codec.decode(data))  # type: ignore[arg-type]
+            if run.beats is not None and isinstance(state, RunState):
+                state.beats = _load_beats(run.beats)
+            changes.append((new_state(run.run_id), state, run.facts))
+            count += 1
+            if len(changes) >= 2000:
+                self.commit(changes, self.journal_offset, snapshotted=True)
+                changes = []
+        self.commit(changes, journal_offset, snapshotted=True)
+        return count
+
+    def clear(self) -> None:
+        """Delete everything (a snapshot that could not be loaded whole)."""
+        keys = list(self.db.keys())
+        for i in range(0, len(keys), 10_000):
+            batch = WriteBatch(raw_mode=True)
+            for key in keys[i : i + 10_000]:
+                batch.delete(key)
+            self.db.write(batch)
+        self.journal_offset, self.changed, self.tombstones = 0, {}, []
+        self._cache.clear()
+        self._open_chunk.clear()
+
+    def finished(self, before_ms: int, limit: int) -> list[str]:
+        """Up to ``limit`` runs that ended before ``before_ms``, earliest first."""
+        out = []
+        for key in self._range(b"e", b"e" + max(before_ms, 0).to_bytes(8, "big")):
+            out.append(key[9:].decode())
+            if len(out) >= limit:
+                break
+        return out
+
+    def purge(self, run_id: str) -> None:
+        """Delete a run's facts, index keys and heartbeats; its snapshot keys get
+        tombstones with the next snapshot."""
+        state = self.get(run_id)
+        run = _run(run_id)
+        sizes = [len(v) for v in self._range(b"f" + run + b"\x00", b"f" + run + b"\x01", True)]
+        batch = WriteBatch(raw_mode=True)
+        for i in range(state.facts):
+            batch.delete(_fact_key(run, i))
+        for key in index_keys(state):
+            batch.delete(key)
+        batch.delete(b"b" + run)
+        batch.delete(b"d" + run)
+        self.db.write(batch)
+        self._cache.pop(run_id, None)
+        self.changed.pop(run_id, None)
+        self._open_chunk.pop(run_id, None)
+        self.tombstones += [snapshot.chunk_key(run_id, first) for first in snapshot.cut(sizes)]
+        self.tombstones.append(snapshot.head_key(run_id))
 
     def close(self, collect: bool = True) -> None:
         """Close and drop every handle, so the same path can be reopened in this process
@@ -250,8 +401,15 @@ def catch_up(stores: dict[int, PartitionStore], journal: Iterable[LogRecord]) ->
         except (DecodeError, AttributeError) as exc:  # only the engine writes the journal
             log.error("skipping journal record p%d@%d: %s", p, rec.offset, exc)
             continue
+        if run_id in runs and _restarted(runs[run_id][1], fact):
+            stores[p].commit(runs.values(), rec.offset)  # up to this start, then purge
+            runs = changes[p] = {}
+            stores[p].purge(run_id)
         if run_id not in runs:
             before = stores[p].get(run_id)
+            if _restarted(before, fact):
+                stores[p].purge(run_id)
+                before = stores[p].get(run_id)
             runs[run_id] = (before, before.copy(), [])
         apply(runs[run_id][1], fact)  # type: ignore[arg-type]
         runs[run_id][2].append(value)
@@ -262,3 +420,9 @@ def catch_up(stores: dict[int, PartitionStore], journal: Iterable[LogRecord]) ->
     for p, runs in changes.items():
         stores[p].commit(runs.values(), offsets[p])
     return count
+
+
+def _restarted(state: State, fact: object) -> bool:
+    """A run that ended is started again: only a start after its purge (retention) does
+    that, and the new run does not inherit the old one's facts."""
+    return isinstance(fact, RunStarted) and isinstance(state, RunState) and state.started

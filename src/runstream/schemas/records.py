@@ -59,6 +59,7 @@ class Kind(StrEnum):
     RUN_EVENT_SET = "run.event_set"  # ctx.set_event: ``key`` and the value in ``output``
     RUN_PAUSED = "run.paused"
     RUN_UNPAUSED = "run.unpaused"
+    RUN_PURGED = "run.purged"  # past finished_retention: the engine no longer has the run
 
 
 class Reason(StrEnum):

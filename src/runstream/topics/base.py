@@ -41,6 +41,7 @@ class EngineLog(Protocol):
 
     partitions: int
     limits: Limits  # record sizes the topics and producers take
+    state_topic: str | None  # ``<ns>.state`` for snapshots; None: no snapshots
 
     def start(self, owner: Ownership, stopping: Callable[[], bool]) -> bool:
         """Join the group (after fencing older instances); False if stopped first."""
@@ -70,6 +71,12 @@ class EngineLog(Protocol):
         self, start: Mapping[int, int], stopping: Callable[[], bool]
     ) -> Iterator[LogRecord]: ...
 
+    def read_state(
+        self, partitions: Collection[int], stopping: Callable[[], bool]
+    ) -> Iterator[LogRecord]:
+        """The ``state_topic`` partitions from their start to their end (read_committed)."""
+        ...
+
     def begin(self, journal_partitions: Collection[int] = ()) -> None:
         """Open a transaction that will write facts to ``journal_partitions``."""
         ...
@@ -79,7 +86,7 @@ class EngineLog(Protocol):
         topic: str,
         partition: int | None,
         key: bytes | None,
-        value: bytes,
+        value: bytes | None,
         headers: Sequence[tuple[str, bytes]] = (),
     ) -> None: ...
 

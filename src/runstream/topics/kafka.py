@@ -133,6 +133,7 @@ def _open_engine_log(
     )
     config = taking(config, max_record)
     static = bool(s.instance_id) and not s.leave_on_stop
+    state_topic = _state_topic(config, topics, partitions, s)
     return KafkaLog(
         config,
         topics,
@@ -151,7 +152,28 @@ def _open_engine_log(
             updates_in_flight=s.updates_in_flight,
             updates_per_history=s.updates_per_history,
         ),
+        state_topic=state_topic,
     )
+
+
+def _state_topic(config: Config, topics: Topics, partitions: int, s: Settings) -> str | None:
+    """``<ns>.state`` if snapshots are on and it is there (created if missing and
+    allowed: a namespace from before snapshots lacks it), co-partitioned; else None,
+    and a new owner reads the whole journal."""
+    if s.snapshot_interval <= 0:
+        return None
+    count = partition_count(config, topics.state)
+    if count is None and s.create_topics:
+        ensure_topics(str(config["bootstrap.servers"]), topics.ns, partitions, kafka=s.kafka)
+        count = partition_count(config, topics.state)
+    if count != partitions:
+        log.warning(
+            "no snapshots: %s %s; a new owner reads the whole journal",
+            topics.state,
+            "is missing" if count is None else f"has {count} partitions, not {partitions}",
+        )
+        return None
+    return topics.state
 
 
 def ensure_task_topics(
@@ -243,8 +265,10 @@ class KafkaLog(Transactions):
         session_timeout_ms: int,
         watchdog: Watchdog,
         limits: Limits,
+        state_topic: str | None = None,
     ) -> None:
         self.topics, self.partitions, self.limits = topics, partitions, limits
+        self.state_topic = state_topic
         self.watchdog = watchdog
         self._config = config
         ns = topics.ns
@@ -423,11 +447,29 @@ class KafkaLog(Transactions):
         transaction that wrote there before this instance took the partition to be
         decided (at worst, by the coordinator's abort at its transaction timeout).
         """
-        journal = self.topics.journal
-        tps = [TopicPartition(journal, p, o) for p, o in start.items()]
+        return self._read_settled(self.topics.journal, start, stopping)
+
+    def read_state(
+        self, partitions: Collection[int], stopping: Callable[[], bool]
+    ) -> Iterator[LogRecord]:
+        """The snapshot topic's partitions from their start, to their end as
+        `read_journal` finds it (a former owner's snapshot commits with its offsets)."""
+        if self.state_topic is None:
+            return iter(())
+        return self._read_settled(self.state_topic, dict.fromkeys(partitions, 0), stopping, True)
+
+    def _read_settled(
+        self,
+        journal: str,
+        start: Mapping[int, int],
+        stopping: Callable[[], bool],
+        from_beginning: bool = False,
+    ) -> Iterator[LogRecord]:
+        at = (lambda o: OFFSET_BEGINNING) if from_beginning else (lambda o: o)
+        tps = [TopicPartition(journal, p, at(o)) for p, o in start.items()]
         ends = self._asking(
             "list_offsets",
-            "reading the journal's end offsets",
+            f"reading the end offsets of {journal}",
             lambda: self._high_watermarks(journal, list(start)),
         )
         self._restorer.assign(tps)
@@ -477,7 +519,7 @@ class KafkaLog(Transactions):
         topic: str,
         partition: int | None,
         key: bytes | None,
-        value: bytes,
+        value: bytes | None,
         headers: Sequence[tuple[str, bytes]] = (),
     ) -> None:
         kwargs: dict[str, Any] = {"key": key, "value": value}

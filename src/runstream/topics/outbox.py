@@ -9,7 +9,7 @@ and the consumed offsets in one transaction.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from runstream.engine.interceptors import record_headers
@@ -32,7 +32,7 @@ class Out(NamedTuple):
     topic: str
     partition: int | None  # None: the producer's partitioner (murmur2) decides
     key: bytes | None
-    value: bytes
+    value: bytes | None  # None: a tombstone (a purged run's snapshot keys)
     headers: tuple[tuple[str, bytes], ...] = ()  # a task's: its interceptor headers
 
 
@@ -76,12 +76,15 @@ def commit(
     codec: Codec,
     position: Callable[[int], int],
     lifecycle: Wire | None = None,
+    extra: Sequence[Out] = (),
 ) -> Committed | None:
     """Produce everything ``b`` decided and commit it with the consumed offsets, in one
     transaction; None when it did not commit (aborted, or its outcome was unknown and it
     turned out not to have committed): the batch is then redone.
-    ``position(p)`` is the next command offset of an owned partition ``b`` did not consume."""
+    ``position(p)`` is the next command offset of an owned partition ``b`` did not consume.
+    ``extra`` records (a snapshot's, to owned partitions) go in the same transaction."""
     records, encoded = outbox(b, topics, codec, engine_log.partitions, lifecycle)
+    records += extra
     journal = {b.partition_of(f.run_id) for f in b.effects.facts}
     try:
         engine_log.begin(journal)
@@ -89,7 +92,8 @@ def commit(
             engine_log.produce(*record)
         # Offsets of every partition this transaction writes to, consumed from or not:
         # the group generation they carry fences a zombie that lost p (KIP-447).
-        written = journal | b.consumed.keys()
+        snapshot = {o.partition for o in extra if o.partition is not None}
+        written = journal | b.consumed.keys() | snapshot
         engine_log.send_offsets(
             {p: b.consumed[p][1] + 1 if p in b.consumed else position(p) for p in written}
         )

@@ -12,6 +12,7 @@ ns.tasks.<g>   run id       remote step invocations for worker group ``g``
 ns.events      any          events any service publishes (JSON), forwarded as commands
 ns.replies     client id    answers to queries
 ns.dlq         original key poison records and dead runs, never dropped
+ns.state       run id       compacted snapshots of the projections (restore from them)
 ============== ============ ====================================================
 
 **The partition count of a namespace is fixed when its topics are created.**
@@ -42,11 +43,12 @@ __all__ = [
 DEFAULT_PARTITIONS = 12
 DEFAULT_REPLICATION = 1
 
-_DAY_MS = 24 * 60 * 60 * 1000
+_HOUR_MS = 60 * 60 * 1000
+_DAY_MS = 24 * _HOUR_MS
 _WEEK_MS = 7 * _DAY_MS
 
 #: The fixed topic families of a namespace (``tasks.<group>`` is a template on top).
-FAMILIES = ("commands", "journal", "lifecycle", "events", "replies", "dlq")
+FAMILIES = ("commands", "journal", "lifecycle", "events", "replies", "dlq", "state")
 
 # Per family: the key, and the configs that differ from the broker's defaults.
 # journal: never compacted and never expired; it is the only copy of run histories,
@@ -64,6 +66,20 @@ _FAMILY_CONFIGS: dict[str, tuple[str, dict[str, str]]] = {
     "events": ("any", {"cleanup.policy": "delete", "retention.ms": str(_WEEK_MS)}),
     "replies": ("client id", {"cleanup.policy": "delete", "retention.ms": str(_DAY_MS)}),
     "dlq": ("original key", {"cleanup.policy": "delete", "retention.ms": "-1"}),
+    # state: the latest snapshot record per key (`projections.snapshot`). A new owner reads
+    # it whole, so it is compacted eagerly: segments roll hourly (the active one is never
+    # cleaned), the cleaner starts at 10% dirty, and a purged run's tombstones go an hour
+    # after a cleaning saw them (a restore reads a partition in seconds).
+    "state": (
+        "run id",
+        {
+            "cleanup.policy": "compact",
+            "retention.ms": "-1",
+            "segment.ms": str(_HOUR_MS),
+            "min.cleanable.dirty.ratio": "0.1",
+            "delete.retention.ms": str(_HOUR_MS),
+        },
+    ),
 }
 
 # Kafka topic names: [a-zA-Z0-9._-], at most 249 characters.
@@ -130,6 +146,10 @@ class Topics:
     @property
     def dlq(self) -> str:
         return f"{self.ns}.dlq"
+
+    @property
+    def state(self) -> str:
+        return f"{self.ns}.state"
 
     @property
     def tasks_prefix(self) -> str:
