@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic_core import to_json
 
+from runstream.engine import blobs
+
 
 def dumps(value: Any) -> bytes:
     """JSON bytes of plain values, pydantic models, dataclasses, datetimes."""
@@ -14,4 +16,5 @@ def dumps(value: Any) -> bytes:
 
 
 def loads(data: bytes | None) -> Any:
-    return None if not data else json.loads(data)
+    """The value of JSON bytes, or of the large payload they reference (`engine.blobs`)."""
+    return None if not data else json.loads(blobs.resolve(data))
