@@ -150,6 +150,8 @@ def _open_engine_log(
             history_bytes_max=s.history_max_bytes,
             updates_in_flight=s.updates_in_flight,
             updates_per_history=s.updates_per_history,
+            blob_threshold=s.blob_threshold_bytes,
+            blob_budget=s.blob_budget_bytes,
         ),
     )
 

@@ -12,6 +12,7 @@ ns.tasks.<g>   run id       remote step invocations for worker group ``g``
 ns.events      any          events any service publishes (JSON), forwarded as commands
 ns.replies     client id    answers to queries
 ns.dlq         original key poison records and dead runs, never dropped
+ns.blobs       hash/chunk   large payloads' chunks (compacted; `engine.blobs`)
 ============== ============ ====================================================
 
 **The partition count of a namespace is fixed when its topics are created.**
@@ -46,7 +47,7 @@ _DAY_MS = 24 * 60 * 60 * 1000
 _WEEK_MS = 7 * _DAY_MS
 
 #: The fixed topic families of a namespace (``tasks.<group>`` is a template on top).
-FAMILIES = ("commands", "journal", "lifecycle", "events", "replies", "dlq")
+FAMILIES = ("commands", "journal", "lifecycle", "events", "replies", "dlq", "blobs")
 
 # Per family: the key, and the configs that differ from the broker's defaults.
 # journal: never compacted and never expired; it is the only copy of run histories,
@@ -64,6 +65,8 @@ _FAMILY_CONFIGS: dict[str, tuple[str, dict[str, str]]] = {
     "events": ("any", {"cleanup.policy": "delete", "retention.ms": str(_WEEK_MS)}),
     "replies": ("client id", {"cleanup.policy": "delete", "retention.ms": str(_DAY_MS)}),
     "dlq": ("original key", {"cleanup.policy": "delete", "retention.ms": "-1"}),
+    # blobs: content-addressed, so compaction keeps one copy of each chunk, for ever.
+    "blobs": ("sha256/chunk", {"cleanup.policy": "compact", "retention.ms": "-1"}),
 }
 
 # Kafka topic names: [a-zA-Z0-9._-], at most 249 characters.
@@ -130,6 +133,10 @@ class Topics:
     @property
     def dlq(self) -> str:
         return f"{self.ns}.dlq"
+
+    @property
+    def blobs(self) -> str:
+        return f"{self.ns}.blobs"
 
     @property
     def tasks_prefix(self) -> str:
