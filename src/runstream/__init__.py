@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from runstream.engine.replay import Context, Promise
     from runstream.engine.steps import StepContext
     from runstream.errors import (
+        BlobUnavailable,
         ChildFailed,
         CommandNotDelivered,
         ConfigError,
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
     from runstream.worker import Worker
 
 _ERRORS = (
+    "BlobUnavailable",
     "ChildFailed",
     "CommandNotDelivered",
     "ConfigError",
@@ -125,6 +127,7 @@ _HOME = {
 
 __all__ = [
     "App",
+    "BlobUnavailable",
     "CancelReport",
     "ChildFailed",
     "Client",

@@ -15,6 +15,7 @@ RunstreamError
  ├─ KafkaNotAuthorized       the principal lacks the ACLs of its role for the namespace
  ├─ CommandNotDelivered      Kafka refused a command the client produced
  ├─ PayloadTooLarge          a command larger than Kafka takes
+ ├─ BlobUnavailable          a large payload's reference names no (or corrupt) bytes
  ├─ RunFailed                client.result() of a failed or dead run (.code says why)
  │   ├─ RunTimedOut          ... that passed its execution timeout (code "timed-out")
  │   ├─ QueueFull            ... refused by its concurrency key's max_queued ("queue-full")
