@@ -53,7 +53,16 @@ def test_ensure_topics_is_idempotent(kafka_bootstrap: str, ns: str) -> None:
     t = Topics(ns)
     created = ensure_topics(kafka_bootstrap, ns, partitions=3, task_groups=["payments"])
     assert created == sorted(
-        [t.commands, t.journal, t.lifecycle, t.events, t.replies, t.dlq, t.tasks("payments")]
+        [
+            t.commands,
+            t.journal,
+            t.lifecycle,
+            t.events,
+            t.replies,
+            t.dlq,
+            t.blobs,
+            t.tasks("payments"),
+        ]
     )
     assert ensure_topics(kafka_bootstrap, ns, partitions=3, task_groups=["payments"]) == []
     assert ensure_topics(kafka_bootstrap, ns, partitions=3) == []
@@ -63,7 +72,8 @@ def test_ensure_topics_is_idempotent(kafka_bootstrap: str, ns: str) -> None:
     assert set(rows) == set(created)
     for r in rows.values():
         assert r["exists"] and r["partitions"] == 3 and r["replication"] == 1
-        assert r["configs"]["cleanup.policy"] == "delete"
+        compacted = r["name"] == t.blobs  # content-addressed chunks: one copy each
+        assert r["configs"]["cleanup.policy"] == ("compact" if compacted else "delete")
         assert r["configs"]["min.insync.replicas"] == "1"  # broker default: RF is 1
     assert rows[t.journal]["family"] == "journal"
     assert rows[t.tasks("payments")]["family"] == "tasks"
