@@ -6,13 +6,16 @@ records it once."""
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from confluent_kafka import Producer
 
 import runstream
+from runstream.cli.main import cli
 from runstream.engine import blobs
 from runstream.engine.limits import DEFAULT_MAX_RECORD
 from runstream.schemas.codec import Codec
@@ -57,6 +60,11 @@ def test_a_5mb_input_and_a_5mb_step_output_round_trip_and_no_record_is_over_the_
             assert info.status == "completed" and info.input == text
     finally:
         engine.stop()
+    common = ["-n", ns, "--bootstrap", kafka_bootstrap, "--cache-dir", str(tmp_path / "cache")]
+    shown = CliRunner().invoke(cli, ["runs", "show", "big", *common, "--json"])
+    assert shown.exit_code == 0, shown.output
+    row = json.loads(shown.output)["run"]
+    assert row["input"] == text and row["output"]["echo"] == text  # read from the blobs
     facts = journal_facts(kafka_bootstrap, ns, "big")
     started = next(f for f in facts if type(f).__name__ == "RunStarted")
     completed = next(f for f in facts if type(f).__name__ == "StepCompleted")

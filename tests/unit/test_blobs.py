@@ -5,6 +5,7 @@ Decider's in-memory one, as the shell's Kafka store caches what the core wrote).
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import pytest
@@ -15,7 +16,9 @@ from runstream.engine.blobs import MAGIC, MemoryBlobs, Ref, parse, refs_in, reso
 from runstream.engine.limits import Limits
 from runstream.engine.reducer import fold
 from runstream.errors import BlobUnavailable, Failure
-from runstream.schemas.records import Signal, StartRun
+from runstream.projections.runs import shown_text
+from runstream.schemas.records import Kind, LifecycleEvent, Retry, Signal, StartRun
+from runstream.topics import lifecycle_wire
 
 from .corehelp import Core
 
@@ -219,7 +222,7 @@ def test_a_reference_to_nothing_is_a_dead_letter_and_a_rejected_start():
 
 
 @app.workflow
-async def waits(ctx: Any, n: int) -> Any:
+async def waits(ctx: Any, n: Any) -> Any:
     return await ctx.wait_for_signal("go")
 
 
@@ -245,3 +248,117 @@ def test_blobs_off_keeps_the_old_limit():
     assert core.blobs == [] and core.state("r").status == "failed"
     [failed] = core.facts("r", "StepFailed")
     assert "the step's output is 300,002 bytes" in failed.error
+
+
+# -- where large payloads meet the other features -------------------------------------
+
+flaky_calls: list[int] = []
+
+
+@app.step(retries=0)
+def flaky(n: int) -> int:
+    flaky_calls.append(n)
+    if len(flaky_calls) == 1:
+        raise RuntimeError("down")
+    return n
+
+
+@app.workflow
+async def big_then_flaky(ctx: Any, n: int) -> int:
+    value = await ctx.step(produce, n)
+    return len(value) + await ctx.step(flaky, 1)
+
+
+@app.workflow
+async def rolls(ctx: Any, text: str) -> int:
+    if len(text) < 30_000:
+        ctx.continue_as_new(text * 2)
+    return len(text)
+
+
+@app.workflow
+async def parent(ctx: Any, n: int) -> int:
+    return await ctx.child(echo, "p" * n, run_id=f"{ctx.run_id}-kid")
+
+
+def _with_store(core: Core, data: Any) -> bytes:
+    """``data``'s reference, its bytes in the store as a client would have written them."""
+    raw = payload.dumps(data)
+    ref, _ = split(raw, SMALL.payload, at_ms=0)
+    core.decider.blobs.remember(ref, raw)
+    return ref.encode()
+
+
+def test_a_retried_run_replays_its_big_step_output_and_does_not_write_it_again():
+    flaky_calls.clear()
+    core = Core(app.registry, limits=SMALL)
+    core.start("r", "big_then_flaky", 20_000)
+    assert core.state("r").status == "failed" and len(core.blobs) == 1
+    core.command(Retry("r", "again", retry_id="x"))
+    st = core.state("r")
+    assert st.status == "completed" and payload.loads(st.output) == 20_001
+    assert len(core.facts("r", "StepCompleted")) == 2 and len(core.blobs) == 1
+
+
+def test_continue_as_new_carries_a_big_input_to_its_successor_as_a_reference():
+    core = Core(app.registry, limits=SMALL)
+    core.start("c", "rolls", "ab" * 5_000)
+    for successor in ("c~1", "c~2"):  # 20,000 then 40,000 characters
+        start = core.commands[-1]
+        assert isinstance(start, StartRun) and start.run_id == successor
+        assert parse(start.input) is not None
+        core.command(start)
+    assert core.state("c~1").status == "completed" and core.state("c~1").blob_bytes == 20_002
+    assert core.state("c~2").status == "completed"
+    assert payload.loads(core.state("c~2").output) == 40_000
+
+
+def test_a_child_gets_a_big_input_as_a_reference_written_with_its_start():
+    core = Core(app.registry, limits=SMALL)
+    core.start("p", "parent", 50_000)
+    start = core.commands[-1]
+    ref = parse(start.input)
+    assert ref is not None and [b.ref for b in core.blobs] == [ref]
+    core.command(start)  # on the child's partition: it reads the blob
+    assert core.state("p-kid").status == "completed"
+
+
+def test_a_duplicate_start_with_a_reference_is_one_run():
+    core = Core(app.registry, limits=SMALL)
+    data = _with_store(core, "d" * 20_000)
+    core.start_raw("d", "echo", data)
+    core.start_raw("d", "echo", data)
+    assert core.names("d").count("RunStarted") == 1 and core.dead == []
+    assert core.state("d").blob_bytes == 2 * 20_002  # input and output, counted once
+
+
+def test_a_cancelled_run_with_a_big_input_ends_and_a_restore_folds_its_blob_bytes():
+    core = Core(app.registry, limits=SMALL)
+    core.start_raw("w", "waits", _with_store(core, "c" * 30_000))
+    core.cancel("w")
+    st = core.state("w")
+    assert st.status == "cancelled"
+    assert fold("w", core.facts("w")).blob_bytes == st.blob_bytes == 30_002
+
+
+def test_a_json_lifecycle_event_carries_a_reference_as_a_marker_and_reads_it_back():
+    ref, _ = split(b'"' + b"q" * 300_000 + b'"', 100_000, at_ms=7)
+    ev = LifecycleEvent(Kind.RUN_STARTED, "r", at_ms=1, input=ref.encode(), output=b"[1]")
+    doc = json.loads(lifecycle_wire.to_json(ev))
+    assert doc["input"] == {
+        "$runstream_blob": {"sha256": ref.sha256, "size": 300_002, "chunks": 4, "at": 7}
+    }
+    back = lifecycle_wire.from_json(lifecycle_wire.to_json(ev))
+    assert back.input == ref.encode() and back.output == b"[1]"
+
+
+def test_a_read_model_shows_a_large_payload_it_cannot_read_as_what_it_is():
+    data = payload.dumps("s" * 1_000)
+    ref, _ = split(data, 100, at_ms=0)
+    assert set(payload.shown(ref.encode())) == {"$blob"}  # no store here: never an error
+    store = MemoryBlobs()
+    store.remember(ref, data)
+    with blobs.active(store):
+        assert payload.shown(ref.encode()) == "s" * 1_000
+        assert shown_text(ref.encode().decode()) == json.dumps("s" * 1_000)
+    assert shown_text("[1, 2]") == "[1, 2]"

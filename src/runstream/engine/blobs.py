@@ -31,6 +31,8 @@ from runstream.errors import BlobUnavailable
 
 #: Starts every reference: a NUL byte, which no JSON text (a user payload) starts with.
 MAGIC = b"\x00runstream-blob\x00"
+#: The key of a reference written as a JSON value (the ``json`` lifecycle format).
+MARKER = "$runstream_blob"
 #: A reference is well under this many bytes.
 REF_MAX = 512
 
@@ -49,6 +51,17 @@ class Ref:
         body = {"sha256": self.sha256, "size": self.size, "chunks": self.chunks, "at": self.at_ms}
         return MAGIC + json.dumps(body, separators=(",", ":")).encode()
 
+    def marker(self) -> dict[str, Any]:
+        """The reference as a JSON value (`from_marker` reads it back)."""
+        return {
+            MARKER: {
+                "sha256": self.sha256,
+                "size": self.size,
+                "chunks": self.chunks,
+                "at": self.at_ms,
+            }
+        }
+
     def key(self, i: int) -> bytes:
         return f"{self.sha256}/{i}".encode()
 
@@ -57,6 +70,13 @@ class Ref:
         if len(data) != self.size or hashlib.sha256(data).hexdigest() != self.sha256:
             raise BlobUnavailable(f"blob {self.sha256[:16]}... is corrupt: its hash differs")
         return data
+
+
+def from_marker(value: Any) -> bytes | None:
+    """The reference bytes of a `Ref.marker` (a JSON lifecycle event's), else None."""
+    if isinstance(value, dict) and set(value) == {MARKER} and isinstance(value[MARKER], dict):
+        return MAGIC + json.dumps(value[MARKER], separators=(",", ":")).encode()
+    return None
 
 
 def parse(data: bytes | None) -> Ref | None:

@@ -21,7 +21,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from runstream.engine import blobs
 from runstream.engine.blobs import MemoryBlobs, Ref
 from runstream.errors import BlobUnavailable, CommandNotDelivered
-from runstream.topics.admin import Config
+from runstream.settings import Settings
+from runstream.topics.admin import Config, client_config
+from runstream.topics.spec import Topics
 
 #: How far before a reference's time the reader starts (the writer's clock may lag).
 SKEW_MS = 60_000
@@ -147,3 +149,12 @@ class KafkaBlobs:
 def blob_producer(config: Config) -> Producer:
     """A plain idempotent producer for a client's or a task worker's blobs."""
     return Producer({**config, "enable.idempotence": True, "linger.ms": 5})
+
+
+def read_here(ns: str, settings: Settings) -> KafkaBlobs:
+    """Resolve large payloads through ``ns``'s blobs topic from now on in this context:
+    for a command-line process (``runstream runs show``), which ends with its command."""
+    config = client_config(settings.bootstrap(), settings.kafka)
+    store = KafkaBlobs(config, Topics(ns).blobs, timeout=settings.connect_timeout)
+    blobs.ACTIVE.set(store)
+    return store
