@@ -15,9 +15,18 @@ from runstream.engine import blobs, payload
 from runstream.engine.blobs import MAGIC, MemoryBlobs, Ref, parse, refs_in, resolve, split
 from runstream.engine.limits import Limits
 from runstream.engine.reducer import fold
+from runstream.engine.workflow import Registry, workflow_def
 from runstream.errors import BlobUnavailable, Failure
 from runstream.projections.runs import shown_text
-from runstream.schemas.records import Kind, LifecycleEvent, Retry, Signal, StartRun
+from runstream.schemas.records import (
+    Kind,
+    LifecycleEvent,
+    PublishEvent,
+    Retry,
+    Signal,
+    StartRun,
+    correlation_id,
+)
 from runstream.topics import lifecycle_wire
 
 from .corehelp import Core
@@ -362,3 +371,29 @@ def test_a_read_model_shows_a_large_payload_it_cannot_read_as_what_it_is():
         assert payload.shown(ref.encode()) == "s" * 1_000
         assert shown_text(ref.encode().decode()) == json.dumps("s" * 1_000)
     assert shown_text("[1, 2]") == "[1, 2]"
+
+
+async def on_doc(ctx: Any, doc: dict) -> int:
+    return len(doc["text"])
+
+
+async def doc_batch(ctx: Any, docs: list) -> int:
+    return len(docs)
+
+
+def test_a_big_event_starts_its_workflow_and_a_batch_sets_it_aside_with_a_reason():
+    reg = Registry()
+    reg.add_workflow(workflow_def(on_doc, on_event="doc"))
+    reg.add_workflow(workflow_def(doc_batch, on_event="doc", batch=2))
+    core = Core(reg, limits=SMALL)
+    data = _with_store(core, {"text": "t" * 50_000})
+    core.command(
+        PublishEvent(correlation_id("doc", "k"), "doc", event_id="e1", payload=data, key="k")
+    )
+    while core.commands:
+        core.command(core.commands.pop(0))
+    assert payload.loads(core.state("on_doc:e1").output) == 50_000
+    [letter] = core.dead
+    assert (
+        letter.code == "oversize" and "cannot join a batch of workflow 'doc_batch'" in letter.reason
+    )
