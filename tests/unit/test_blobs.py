@@ -27,6 +27,7 @@ from runstream.schemas.records import (
     StartRun,
     correlation_id,
 )
+from runstream.testing import WorkflowTester
 from runstream.topics import lifecycle_wire
 
 from .corehelp import Core
@@ -397,3 +398,12 @@ def test_a_big_event_starts_its_workflow_and_a_batch_sets_it_aside_with_a_reason
     assert (
         letter.code == "oversize" and "cannot join a batch of workflow 'doc_batch'" in letter.reason
     )
+
+
+def test_the_testing_kit_gives_a_big_output_back_as_its_value():
+    t = WorkflowTester(app)
+    run = t.start("big_step", 400_000)  # a 400,002-byte step output: past the threshold
+    assert run.result() == 400_000
+    run = t.start("echo", "e" * 400_000)  # and a run output
+    assert run.result() == "e" * 400_000
+    assert parse(run.state.output) is not None
