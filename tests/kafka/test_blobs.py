@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
 
 import runstream
 from runstream.cli.main import cli
@@ -22,10 +23,11 @@ from runstream.schemas.codec import Codec
 from runstream.schemas.records import StartRun
 from runstream.settings import Settings
 from runstream.taskworker import TaskWorker
-from runstream.topics.admin import client_config
+from runstream.topics.admin import client_config, ensure_topics, partition_count
 
 from .blob_app import MB5, big_text, digest, make_app
 from .kit import (
+    PARTITIONS,
     ThreadWorker,
     client_or_none,
     journal_facts,
@@ -199,3 +201,36 @@ def test_an_engine_sigkilled_as_a_big_step_output_commits_records_it_once(
         assert names.count("StepCompleted") == 1 and names.count("RunCompleted") == 1
     assert _executions(log, "after") == 1  # committed: never ran again
     assert 1 <= _executions(log, "before") <= 2  # at least once: again if not committed
+
+
+def test_a_namespace_of_an_older_release_gets_its_blobs_topic_or_runs_without_it(
+    kafka_bootstrap, ns, tmp_path
+):
+    """Its topics exist but not ``<ns>.blobs``: with create_topics off, the engine runs
+    with large payloads off (a big output fails its step, no transaction aborts); with it
+    on, the engine creates the topic and a 5 MB output goes through."""
+    ensure_topics(kafka_bootstrap, ns, PARTITIONS)
+    admin = AdminClient(client_config(kafka_bootstrap))
+    admin.delete_topics([f"{ns}.blobs"])[f"{ns}.blobs"].result(30)
+    config = client_config(kafka_bootstrap)
+    wait_for(lambda: partition_count(config, f"{ns}.blobs") is None, what="the delete")
+    app = make_app(ns, kafka_bootstrap)
+    engine = ThreadWorker(app, tmp_path / "off", create_topics=False)
+    try:
+        with runstream.Client(ns, kafka_bootstrap) as client:
+            client.start("big_then_signal", None, run_id="off")
+            with pytest.raises(runstream.RunFailed, match="the step's output is 5,242,8"):
+                client.result("off", timeout=60)
+    finally:
+        engine.stop()
+    assert engine.worker.stats["aborted"] == 0
+    assert partition_count(config, f"{ns}.blobs") is None
+    engine = ThreadWorker(app, tmp_path / "on")
+    try:
+        wait_for(lambda: partition_count(config, f"{ns}.blobs") == PARTITIONS, what="blobs")
+        with runstream.Client(ns, kafka_bootstrap) as client:
+            client.start("big_then_signal", None, run_id="on")
+            client.signal("on", "go", 1)
+            assert client.result("on", timeout=60)["len"] == MB5
+    finally:
+        engine.stop()

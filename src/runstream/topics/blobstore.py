@@ -12,6 +12,7 @@ newer copy, which lies further on. Nothing found before the end, or in time, is 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -22,8 +23,10 @@ from runstream.engine import blobs
 from runstream.engine.blobs import MemoryBlobs, Ref
 from runstream.errors import BlobUnavailable, CommandNotDelivered
 from runstream.settings import Settings
-from runstream.topics.admin import Config, client_config
+from runstream.topics.admin import Config, client_config, ensure_topics, partition_count
 from runstream.topics.spec import Topics
+
+log = logging.getLogger("runstream.blobs")
 
 #: How far before a reference's time the reader starts (the writer's clock may lag).
 SKEW_MS = 60_000
@@ -64,11 +67,18 @@ class KafkaBlobs:
         wait until Kafka has them all: only then may a record carry the reference."""
         ref, parts = blobs.split(data, chunk, int(time.time() * 1000))
         p = blobs.partition_of(ref, self._partition_count())
+        refused: list[str] = []
+
+        def delivered(err: Any, _msg: Any) -> None:
+            if err is not None:
+                refused.append(str(err))
+
         for i, part in enumerate(parts):
-            producer.produce(self.topic, part, ref.key(i), partition=p)
+            producer.produce(self.topic, part, ref.key(i), partition=p, on_delivery=delivered)
             producer.poll(0)
-        if producer.flush(self.timeout) > 0:
-            raise CommandNotDelivered(f"blob {ref.sha256[:16]}... not written in {self.timeout:g}s")
+        if producer.flush(self.timeout) > 0 or refused:
+            why = refused[0] if refused else f"not written in {self.timeout:g}s"
+            raise CommandNotDelivered(f"blob {ref.sha256[:16]}... to {self.topic}: {why}")
         self.remember(ref, data)
         return ref
 
@@ -161,3 +171,22 @@ def read_here(ns: str, settings: Settings) -> KafkaBlobs:
     store = KafkaBlobs(config, Topics(ns).blobs, timeout=settings.connect_timeout)
     blobs.ACTIVE.set(store)
     return store
+
+
+def blobs_topic_ready(config: Config, topics: Topics, partitions: int, s: Settings) -> bool:
+    """The blobs topic exists once this returns True: created if missing (a namespace of
+    an older release) and creating topics is on. False: it is missing and may not be
+    created; the engine then runs with large payloads off (a chunk produced in a
+    transaction to a missing topic would abort it again and again)."""
+    if partition_count(config, topics.blobs) is not None:
+        return True
+    if not s.create_topics:
+        log.warning(
+            "%s does not exist and create_topics is off: large payloads are off "
+            "(runstream topics create %s adds it)",
+            topics.blobs,
+            topics.ns,
+        )
+        return False
+    ensure_topics(str(config["bootstrap.servers"]), topics.ns, partitions, kafka=s.kafka)
+    return True
