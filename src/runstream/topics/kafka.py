@@ -130,9 +130,8 @@ def _open_engine_log(
     ensure_task_topics(config, topics, partitions, task_groups, s)
     big = s.blob_threshold_bytes if blobs_topic_ready(config, topics, partitions, s) else 0
     fixed = topics.fixed()
-    max_record = s.max_record_bytes or max_record_bytes(
-        config, [fixed[f] for f in ("commands", "journal", "lifecycle", "replies", "dlq")]
-    )
+    written = ["commands", "journal", "lifecycle", "replies", "dlq"] + (["blobs"] if big else [])
+    max_record = s.max_record_bytes or max_record_bytes(config, [fixed[f] for f in written])
     config = taking(config, max_record)
     static = bool(s.instance_id) and not s.leave_on_stop
     return KafkaLog(
