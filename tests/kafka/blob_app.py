@@ -71,6 +71,17 @@ def make_app(ns: str, bootstrap: str | None = None) -> runstream.App:
         go = await ctx.wait_for_signal("go")
         return {"step": digest(big), "len": len(big), "go": go}
 
+    @app.workflow
+    async def mailbox(ctx: runstream.Context, _: None = None) -> dict:
+        """A big update (argument and result) and a big signal."""
+
+        async def stamp(letter: str) -> str:
+            return letter.upper()
+
+        ctx.update_handler("stamp", stamp)
+        letter = await ctx.wait_for_signal("letter")
+        return {"letter": digest(letter)}
+
     return app
 
 

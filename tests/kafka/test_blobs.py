@@ -79,6 +79,23 @@ def test_a_5mb_input_and_a_5mb_step_output_round_trip_and_no_record_is_over_the_
         assert max(_record_sizes(kafka_bootstrap, f"{ns}.{topic}")) < DEFAULT_MAX_RECORD
 
 
+def test_a_big_signal_and_a_big_update_reach_the_run_and_come_back(kafka_bootstrap, ns, tmp_path):
+    engine = ThreadWorker(make_app(ns, kafka_bootstrap), tmp_path / "state")
+    try:
+        client = wait_for(lambda: client_or_none(ns, kafka_bootstrap), what="topics")
+        with client:
+            client.start("mailbox", None, run_id="m")
+            letter = big_text("letter", 2 * 1024 * 1024)
+            assert client.update("m", "stamp", letter, timeout=60) == letter.upper()
+            client.signal("m", "letter", letter)
+            assert client.result("m", timeout=60) == {"letter": digest(letter)}
+    finally:
+        engine.stop()
+    names = [type(f).__name__ for f in journal_facts(kafka_bootstrap, ns, "m")]
+    assert "UpdateCompleted" in names and "SignalReceived" in names
+    assert max(_record_sizes(kafka_bootstrap, f"{ns}.journal")) < 10_000
+
+
 def test_a_remote_step_returns_a_5mb_output(kafka_bootstrap, ns, tmp_path):
     app = runstream.App(ns, kafka_bootstrap)
 
