@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from runstream.engine.replay import Context, Promise
     from runstream.engine.steps import StepContext
     from runstream.errors import (
+        BlobUnavailable,
         ChildFailed,
         CommandNotDelivered,
         ConfigError,
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
     from runstream.worker import Worker
 
 _ERRORS = (
+    "BlobUnavailable",
     "ChildFailed",
     "CommandNotDelivered",
     "ConfigError",
@@ -127,6 +129,7 @@ _HOME = {
 
 __all__ = [
     "App",
+    "BlobUnavailable",
     "CancelReport",
     "ChildFailed",
     "Client",

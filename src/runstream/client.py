@@ -19,7 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from runstream.engine import payload
+from runstream.engine import blobs, payload
+from runstream.engine.limits import DEFAULT_MAX_RECORD, Limits
 from runstream.engine.partitioner import partition_for
 from runstream.engine.workflow import seconds
 from runstream.entity_client import EntityHandle
@@ -86,6 +87,7 @@ from runstream.schemas.records import (
 )
 from runstream.settings import Settings
 from runstream.topics.admin import client_config
+from runstream.topics.blobstore import KafkaBlobs, blob_producer
 from runstream.topics.kafka import CommandSender, Listener
 from runstream.topics.spec import Topics
 
@@ -141,6 +143,12 @@ class Client:
         self._expected: OrderedDict[str, str] = OrderedDict()  # run id -> its start's request
         self._replies: dict[str, RunInfoRecord | QueryAnswer] = {}
         self._update_replies: dict[str, UpdateReply | None] = {}  # by update id: latest
+        # Large payloads (`engine.blobs`): written before the command that references them.
+        self._blobs = KafkaBlobs(self._config, self.topics.blobs, timeout=s.send_timeout)
+        self._blob_limits = Limits(
+            s.max_record_bytes or DEFAULT_MAX_RECORD, blob_threshold=s.blob_threshold_bytes
+        )
+        self._blob_producer: Any = None  # made at the first large payload
 
     def __enter__(self) -> Client:
         return self
@@ -154,6 +162,7 @@ class Client:
         try:
             self._sender.close(self._send_timeout)
         finally:
+            self._blobs.close()
             if self._listener is not None:
                 self._listener.close()
                 self._listener = None
@@ -162,6 +171,25 @@ class Client:
         """Wait until Kafka took every command sent (``send_timeout`` at most by default);
         raises `CommandNotDelivered` naming the ones it refused."""
         self._sender.flush(self._send_timeout if timeout is None else timeout)
+
+    # -- large payloads ----------------------------------------------------------------
+    def _dumps(self, value: Any) -> bytes:
+        """The JSON bytes of ``value``, or, above the blob threshold, the reference to
+        them once they are on the blobs topic (flushed: the command comes after)."""
+        data = payload.dumps(value)
+        limits = self._blob_limits
+        if not limits.big(len(data)):
+            return data
+        with self._mutex:
+            if self._blob_producer is None:
+                self._blob_producer = blob_producer(self._config)
+            producer = self._blob_producer
+        return self._blobs.write(producer, data, limits.payload).encode()
+
+    def _loads(self, data: bytes | None) -> Any:
+        """The value of a payload, read from the blobs topic if it is a reference."""
+        with blobs.active(self._blobs):
+            return payload.loads(data)
 
     # -- commands --------------------------------------------------------------------
     def start(
@@ -203,7 +231,7 @@ class Client:
         """Send signal ``signal`` to run ``run_id``, starting it first if it does not exist,
         in one command: the signal is delivered exactly once either way (a signal id makes
         retries of this call count once). ``headers``: as `start`'s, for a run it starts."""
-        sig = (signal, payload.dumps(value), signal_id or uuid.uuid4().hex)
+        sig = (signal, self._dumps(value), signal_id or uuid.uuid4().hex)
         return self._start(workflow, input, run_id, version, tags, timeout, wait, sig, headers)
 
     def _start(
@@ -236,7 +264,7 @@ class Client:
         cmd = StartRun(
             run_id,
             name,
-            input=payload.dumps(input),
+            input=self._dumps(input),
             version=version,
             parent_run_id=None,
             tags=dict(tags or {}),
@@ -266,7 +294,7 @@ class Client:
             Signal(
                 run_id,
                 name,
-                payload=payload.dumps(value),
+                payload=self._dumps(value),
                 signal_id=signal_id or uuid.uuid4().hex,
                 sent_at_ms=_now_ms(),
             )
@@ -277,7 +305,7 @@ class Client:
         workflow's ``await`` returns it. A promise completes once; a completion the engine
         refuses (completed already, no such promise, the run ended) goes to ``<ns>.dlq``
         with the reason."""
-        self._send(self._completion(promise_id, value=payload.dumps(value)))
+        self._send(self._completion(promise_id, value=self._dumps(value)))
 
     def reject(self, promise_id: str, error: str) -> None:
         """Reject a run's durable promise: the workflow's ``await`` raises
@@ -338,7 +366,7 @@ class Client:
                 corr,
                 name,
                 event_id=event_id,
-                payload=payload.dumps(value),
+                payload=self._dumps(value),
                 key=key,
                 ttl_ms=ttl_ms,
                 sent_at_ms=_now_ms(),
@@ -355,7 +383,7 @@ class Client:
         ``tz``) start ``workflow`` with ``input``, as run ``<name>@<fire time>``. A fire
         missed while no engine ran is caught up once, never twice. A bad cron expression
         or time zone, or an unknown workflow, is dead-lettered with the reason."""
-        wf, data = _workflow_name(workflow), payload.dumps(input)
+        wf, data = _workflow_name(workflow), self._dumps(input)
         self._send(
             ScheduleCommand(
                 schedule_id(name),
@@ -395,7 +423,7 @@ class Client:
             rid = uuid.uuid4().hex
             self._send(Retry(run_id, reason, sent_at_ms=_now_ms(), retry_id=rid), wait)
             return run_id
-        self._send(Retry(run_id, reason, input=payload.dumps(input), sent_at_ms=_now_ms()), wait)
+        self._send(Retry(run_id, reason, input=self._dumps(input), sent_at_ms=_now_ms()), wait)
         return continuation_of(run_id)
 
     def pause(self, run_id: str, *, reason: str = "", by: str = "", wait: bool = True) -> None:
@@ -450,7 +478,7 @@ class Client:
             run_id,
             name,
             update_id=update_id or uuid.uuid4().hex,
-            arg=payload.dumps(arg),
+            arg=self._dumps(arg),
             reply_to=self.client_id,
             sent_at_ms=_now_ms(),
         )
@@ -482,11 +510,11 @@ class Client:
             run_id,
             update,
             update_id=update_id or uuid.uuid4().hex,
-            arg=payload.dumps(arg),
+            arg=self._dumps(arg),
             reply_to=self.client_id,
             sent_at_ms=_now_ms(),
             start_workflow=_workflow_name(workflow),
-            start_input=payload.dumps(input),
+            start_input=self._dumps(input),
             start_version=version,
             start_tags=dict(tags or {}),
             start_timeout_ms=None if run_timeout is None else int(seconds(run_timeout) * 1000),
@@ -548,7 +576,8 @@ class Client:
             raise RunNotFound(f"no run {run_id!r} in namespace {self.namespace!r}")
         if info.reply_error:
             raise PayloadTooLarge(f"the answer about run {run_id!r}: {info.reply_error}")
-        return _run_info(info)
+        with blobs.active(self._blobs):  # its input and output may be large
+            return _run_info(info)
 
     def result(self, run_id: str, timeout: float = 30.0) -> Any:
         """The run's output once it ends (following continue-as-new). Raises RunFailed
@@ -572,7 +601,7 @@ class Client:
                     if end.continued_as:
                         run_id = end.continued_as
                         continue
-                    return payload.loads(end.output)
+                    return self._loads(end.output)
                 if end.status == Status.CANCELLED:
                     raise RunCancelled(run_id, end.reason or "")
                 if end.status == Status.REJECTED:
@@ -616,7 +645,7 @@ class Client:
             raise RunNotFound(f"no run {run_id!r} in namespace {self.namespace!r}")
         if answer.error is not None:
             raise QueryFailed(answer.error)
-        return payload.loads(answer.value or b"null")
+        return self._loads(answer.value or b"null")
 
     def entity(self, name: str, key: str) -> EntityHandle:
         """Key ``key`` of durable entity ``name`` (`App.entity`):
@@ -900,7 +929,7 @@ class UpdateHandle:
         """The handler's result once it completes. Raises `UpdateFailed` (rejected, or
         its handler failed, or its run ended first) or `TimeoutError`."""
         answer = self._wait("completed", timeout)
-        return payload.loads(answer.output or b"null")
+        return self._client._loads(answer.output or b"null")
 
     def _wait(self, wait_for: str, timeout: float) -> UpdateReply:
         if self._answer is None or (

@@ -15,6 +15,7 @@ RunstreamError
  ├─ KafkaNotAuthorized       the principal lacks the ACLs of its role for the namespace
  ├─ CommandNotDelivered      Kafka refused a command the client produced
  ├─ PayloadTooLarge          a command larger than Kafka takes
+ ├─ BlobUnavailable          a large payload's reference names no (or corrupt) bytes
  ├─ RunFailed                client.result() of a failed or dead run (.code says why)
  │   ├─ RunTimedOut          ... that passed its execution timeout (code "timed-out")
  │   ├─ QueueFull            ... refused by its concurrency key's max_queued ("queue-full")
@@ -134,6 +135,11 @@ class PayloadTooLarge(RunstreamError):
     """A command (its input or payload) is larger than Kafka takes; nothing was sent."""
 
 
+class BlobUnavailable(RunstreamError):
+    """A large payload's reference names bytes the blobs topic does not hold (missing,
+    corrupt, or not found in time): docs/guides/large-payloads.md."""
+
+
 class RunFailed(RunstreamError):
     """The run ended failed (or dead); ``error`` holds the workflow's error text and
     ``code`` why it failed (a `Failure` code; None for a failure recorded before
@@ -170,6 +176,7 @@ class Failure:
     BAD_OUTPUT = "bad-output"  # its output (or continue-as-new input): not JSON, or too large
     DEAD = "dead"  # it crashed its instance past max_recovery_attempts (status dead)
     HISTORY_TOO_LARGE = "history-too-large"  # its history reached its cap: HistoryTooLarge
+    BLOB_BUDGET = "blob-budget"  # its large payloads passed Settings.blob_budget_bytes
 
 
 _FAILED_BY_CODE: dict[str, type[RunFailed]] = {
@@ -184,6 +191,8 @@ TIMED_OUT = "RunTimedOut: "
 QUEUE_FULL = "QueueFull: "
 #: ... of a run whose history reached its cap.
 HISTORY_TOO_LARGE = "HistoryTooLarge: "
+#: ... of a run whose large payloads passed its budget.
+BLOB_BUDGET = "BlobBudgetExceeded: "
 #: ... and of a step attempt that timed out (`StepTimeout`).
 STEP_TIMED_OUT = "StepTimeout: "
 

@@ -354,7 +354,7 @@ def plain(record: Record) -> dict[str, Any]:
 
 def _bytes_value(data: bytes) -> Any:
     try:
-        return payload.loads(data)
+        return payload.shown(data)
     except ValueError:
         return data.decode(errors="replace")
 

@@ -175,6 +175,19 @@ class Settings(BaseSettings):
         "after its end; then it is purged from the projection and the snapshots, and its "
         "id can start a new run. 0: kept for ever. Needs snapshot_interval > 0.",
     )
+    # -- large payloads (`engine.blobs`) -------------------------------------------------
+    blob_threshold_bytes: int = Field(
+        256 * 1024,
+        ge=0,
+        description="A payload above this many bytes goes to <ns>.blobs in chunks and its "
+        "record carries a reference (docs/guides/large-payloads.md); 0: never.",
+    )
+    blob_budget_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1,
+        description="The large payloads of one run may total this many bytes; past it the "
+        "run fails with the code blob-budget.",
+    )
     metrics_port: int = Field(
         0,
         ge=0,

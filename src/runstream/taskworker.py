@@ -49,7 +49,7 @@ from runstream.engine.partitioner import partition_for
 from runstream.engine.steps import StepContext
 from runstream.engine.work import LogRecord, StepJob, StepOutcome
 from runstream.engine.workflow import StepDef, type_hints
-from runstream.errors import ConfigError
+from runstream.errors import ConfigError, RunstreamError
 from runstream.metrics import TaskMetrics, serve
 from runstream.runtime.steps import execute
 from runstream.schemas.codec import Codec
@@ -350,6 +350,11 @@ class TaskWorker:
 
     def _result(self, tl: TaskLog, task: StepTask, o: StepOutcome) -> StepResult:
         ok, output, error, retryable = o.ok, o.output, o.error, o.retryable
+        if ok and tl.limits.big(len(output)):  # on the blobs topic before its result
+            try:
+                output = tl.write_blob(output)
+            except RunstreamError as exc:  # not written: the attempt is tried again
+                ok, output, error, retryable = False, b"null", f"the step's output: {exc}", True
         too_large = tl.limits.too_large("the step's output", len(output)) if ok else None
         if too_large:  # it could not travel; and the same body would return it again
             ok, output, error, retryable = False, b"null", too_large, False

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from runstream.engine import payload
+from runstream.engine import blobs, payload
 from runstream.engine.decide import Decider
 from runstream.engine.interceptors import ended, tell_ended
 from runstream.engine.replay import Replayer
@@ -157,7 +157,7 @@ class Run:
             st = self._tester._state(st.continued_as)
         match st.status:
             case Status.COMPLETED:
-                return payload.loads(st.output or b"null")
+                return self._tester._loads(st.output or b"null")
             case Status.CANCELLED:
                 raise RunCancelled(st.run_id, st.reason or "")
             case Status.REJECTED:
@@ -252,6 +252,11 @@ class WorkflowTester:
         self.dead_letters: list[DeadLetter] = []
         self._answers: dict[str, QueryAnswer] = {}  # live queries' answers, by request id
         self._updates: dict[str, UpdateReply] = {}  # the latest answer, by update id
+
+    def _loads(self, data: bytes) -> Any:
+        """A payload's value: a large one (`engine.blobs`) from the engine's blob store."""
+        with blobs.active(self._decider.blobs):
+            return payload.loads(data)
 
     # -- what tests do ---------------------------------------------------------------
     @property
@@ -593,7 +598,7 @@ class TestUpdate:
             raise UpdateFailed(self.run_id, self.update_id, answer.code, answer.error, rejected)
         if answer.stage != UpdateStage.COMPLETED:
             raise RunNotFinished(f"update {self.update_id!r} is {answer.stage}: its handler waits")
-        return payload.loads(answer.output or b"null")
+        return self._tester._loads(answer.output or b"null")
 
 
 def _step_name(app: App, fn: Callable[..., Any]) -> str:

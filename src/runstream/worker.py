@@ -44,7 +44,9 @@ from runstream.snapshots import Snapshots
 from runstream.standby import Standbys
 from runstream.supervisor import stop_on_signals
 from runstream.topics import lifecycle_wire
+from runstream.topics.admin import client_config
 from runstream.topics.base import EngineLog
+from runstream.topics.blobstore import KafkaBlobs
 from runstream.topics.kafka import KafkaLog, open_engine_log
 from runstream.topics.outbox import Committed, commit
 from runstream.topics.spec import Topics
@@ -95,6 +97,7 @@ class Worker:
         self._stopping, self._hurry = threading.Event(), threading.Event()
         self._watchdog = Watchdog(s.exit_on_hang)
         self._budget = ActivationBudget(s.activation_budget, on_stuck=self._stuck)
+        self._blobs = KafkaBlobs(client_config(s.bootstrap(), s.kafka), self.topics.blobs)
         self._files = InstanceFiles(self.state_dir, self.instance_id)
         self._parked = StuckRuns(self._files)
         # Partitions of a batch whose commit aborted, until a commit that sent offsets (so
@@ -178,6 +181,7 @@ class Worker:
             limits=self._log.limits,
             max_recovery_attempts=self.app.max_recovery_attempts,
             activation=self._budget,
+            blobs=self._blobs,
         )
         log.info(
             "instance %s of %s started (%d partitions)",
@@ -195,6 +199,7 @@ class Worker:
         self._budget.close()
         if self._owned.standbys is not None:
             self._owned.standbys.stop()
+        self._blobs.close()
         if self._log is not None:
             self._log.close()  # revokes: the projections close
         self._owned.close()

@@ -1,5 +1,8 @@
 """Payloads larger than Kafka takes: each gets its clear outcome, checked before any
-record reaches Kafka, and the instance never restarts (issue 7, defect a)."""
+record reaches Kafka, and the instance never restarts (issue 7, defect a). With large
+payloads through the blobs topic off (``blob_threshold_bytes=0``): with them on, such
+payloads travel as references (test_blobs.py), and a foreign producer's record over the
+limit is refused the same way."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from runstream.engine import payload
 from runstream.engine.partitioner import partition_for
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import Signal, StartRun
+from runstream.settings import Settings
 from runstream.topics.admin import client_config
 
 from .flows import make_app
@@ -36,7 +40,7 @@ def _raw_producer(bootstrap: str) -> Producer:
 def test_payloads_too_large_get_their_outcome_and_the_instance_carries_on(
     kafka_bootstrap, ns, tmp_path
 ):
-    worker = ThreadWorker(make_app(ns, kafka_bootstrap), tmp_path / "state")
+    worker = ThreadWorker(make_app(ns, kafka_bootstrap), tmp_path / "state", blob_threshold_bytes=0)
     client = wait_for(lambda: _client(ns, kafka_bootstrap), what="the worker's topics")
     codec, raw = Codec.default(), _raw_producer(kafka_bootstrap)
 
@@ -89,6 +93,6 @@ def test_payloads_too_large_get_their_outcome_and_the_instance_carries_on(
 
 def _client(ns: str, bootstrap: str) -> runstream.Client | None:
     try:
-        return runstream.Client(ns, bootstrap)
+        return runstream.Client(ns, bootstrap, settings=Settings(blob_threshold_bytes=0))
     except runstream.RunstreamError:
         return None

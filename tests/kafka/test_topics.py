@@ -56,6 +56,7 @@ def test_ensure_topics_is_idempotent(kafka_bootstrap: str, ns: str) -> None:
     assert created == sorted(
         [
             *(t.commands, t.journal, t.lifecycle, t.events, t.replies, t.dlq, t.state),
+            t.blobs,
             t.tasks("payments"),
         ]
     )
@@ -67,7 +68,8 @@ def test_ensure_topics_is_idempotent(kafka_bootstrap: str, ns: str) -> None:
     assert set(rows) == set(created)
     for r in rows.values():
         assert r["exists"] and r["partitions"] == 3 and r["replication"] == 1
-        assert r["configs"]["cleanup.policy"] == ("compact" if r is rows[t.state] else "delete")
+        compacted = r["name"] in (t.state, t.blobs)  # snapshots; content-addressed chunks
+        assert r["configs"]["cleanup.policy"] == ("compact" if compacted else "delete")
         assert r["configs"]["min.insync.replicas"] == "1"  # broker default: RF is 1
     assert rows[t.journal]["family"] == "journal"
     assert rows[t.tasks("payments")]["family"] == "tasks"

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from runstream.engine import payload
+from runstream.engine.blobs import Blob
 from runstream.engine.decide import Decider
 from runstream.engine.limits import Limits
 from runstream.engine.reducer import fold
@@ -67,6 +68,7 @@ class Core:
         self.replies: list[tuple[str, RunInfo]] = []
         self.queued: list[StepJob] = []
         self.tasks: list[StepTask] = []  # remote attempts sent to their task topics
+        self.blobs: list[Blob] = []  # large payloads written to the blobs topic
         self.since = 0  # when "this instance" took the partition over
         self.auto_run_steps = True
         self.offset = 0
@@ -91,6 +93,7 @@ class Core:
         self.replies += fx.replies
         self.queued += fx.steps
         self.tasks += fx.tasks
+        self.blobs += fx.blobs
         while self.auto_run_steps and self.queued:
             self.run_step(self.queued.pop(0))
         return b
@@ -107,6 +110,10 @@ class Core:
         self, run_id: str, workflow: str, value: Any = None, version: str | None = None
     ) -> Batch:
         return self.command(StartRun(run_id, workflow, input=payload.dumps(value), version=version))
+
+    def start_raw(self, run_id: str, workflow: str, data: bytes) -> Batch:
+        """A start whose input is ``data`` as sent (a blob's reference, say)."""
+        return self.command(StartRun(run_id, workflow, input=data))
 
     def signal(self, run_id: str, name: str, value: Any, signal_id: str = "") -> Batch:
         signal_id = signal_id or f"{name}-{len(self.journal)}"

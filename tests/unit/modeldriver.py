@@ -26,8 +26,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from runstream.engine import payload
+from runstream.engine import blobs, payload
+from runstream.engine.blobs import Ref, split
 from runstream.engine.decide import Decider
+from runstream.engine.limits import Limits
 from runstream.engine.partitioner import partition_for
 from runstream.engine.reducer import fold
 from runstream.engine.state import RunState, State, new_state
@@ -42,6 +44,7 @@ from runstream.engine.work import (
     Work,
 )
 from runstream.engine.workflow import Registry
+from runstream.errors import BlobUnavailable
 from runstream.runtime.timers import TimerQueue
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
@@ -66,12 +69,37 @@ class Delivered:
     batch: Batch | None  # None: dropped as empty
 
 
+class TopicBlobs:
+    """The blobs topic as the model's Kafka holds it (what committed batches wrote), and
+    what the batch being decided wrote (the engine's store remembers it until then). A
+    new owner's cold cache is this too: nothing is read from a previous owner's memory."""
+
+    def __init__(self) -> None:
+        self.committed: dict[str, bytes] = {}
+        self.pending: dict[str, bytes] = {}
+
+    def read(self, ref: Ref) -> bytes:
+        data = self.committed.get(ref.sha256, self.pending.get(ref.sha256))
+        if data is None:
+            raise BlobUnavailable(f"blob {ref.sha256[:16]}... is not on the topic")
+        return ref.verify(data)
+
+    def remember(self, ref: Ref, data: bytes) -> None:
+        self.pending[ref.sha256] = data
+
+
+#: Payloads above this many bytes go by reference in the model: its step outputs (`padded`)
+#: and some run outputs.
+BLOB_THRESHOLD = 8
+
+
 class Shell:
     """The real Decider, and what the shell and Kafka would do around it."""
 
     def __init__(self, registry: Registry, partitions: int = 3) -> None:
         self.registry = registry
         self.partitions = partitions
+        self.blobs = TopicBlobs()
         self.decider = self._decider()
         self.codec = Codec.default()
         self.now = 1_000_000
@@ -95,7 +123,13 @@ class Shell:
         self.settled: list[tuple[str, int, int]] = []
 
     def _decider(self) -> Decider:
-        return Decider(self.registry, partitions=self.partitions, journal_topic=JOURNAL)
+        return Decider(
+            self.registry,
+            partitions=self.partitions,
+            journal_topic=JOURNAL,
+            limits=Limits(blob_threshold=BLOB_THRESHOLD),
+            blobs=self.blobs,
+        )
 
     # -- where things live ---------------------------------------------------------
     def partition(self, run_id: str) -> int:
@@ -109,6 +143,11 @@ class Shell:
         st = self.state(run_id)
         assert isinstance(st, RunState), run_id
         return st
+
+    def value(self, data: bytes | None) -> Any:
+        """A payload's value, read from the model's blobs topic if it is a reference."""
+        with blobs.active(self.blobs):
+            return payload.loads(data)
 
     def facts(self, run_id: str) -> list[Fact]:
         return self.by_run.get(run_id, [])
@@ -135,6 +174,7 @@ class Shell:
     def decide(self, work: Iterable[Work]) -> Batch:
         """Decide ``work`` into one batch, without committing it."""
         self.seen = []  # what the interceptors saw deciding it (kept if it commits)
+        self.blobs.pending.clear()  # an aborted batch's blobs never reached the topic
         b = self.batch()
         for item in work:
             self.decider.handle(b, item)
@@ -157,6 +197,8 @@ class Shell:
         for fact in fx.facts:
             self.by_run.setdefault(fact.run_id, []).append(fact)
         self.dead += fx.dead_letters
+        for blob in fx.blobs:  # in the transaction of the facts that reference them
+            self.blobs.committed[blob.ref.sha256] = b"".join(blob.chunks)
         for cmd in fx.commands:
             self.send(cmd, internal=True)
         self.jobs += fx.steps
@@ -189,6 +231,12 @@ class Shell:
         self.jobs.remove(job)
         return self.run(ended(job, how))
 
+    def written(self, data: bytes) -> bytes:
+        """What a task worker sends for ``data``: its reference once it is on the topic."""
+        ref, chunks = split(data, Limits().payload, self.now)
+        self.blobs.committed[ref.sha256] = b"".join(chunks)
+        return ref.encode()
+
     def answer(self, task: StepTask, how: str) -> None:
         """A task worker sends the result of ``task`` (to the queue: it may come late)."""
         ok = how == "ok"
@@ -199,7 +247,7 @@ class Shell:
                 task.seq,
                 attempt=task.attempt,
                 ok=ok,
-                output=payload.dumps(task.seq) if ok else b"null",
+                output=self.written(padded(task.seq)) if ok else b"null",
                 error=None if ok else f"{how} failure",
                 traceback=None,
                 attempt_id=task.attempt_id,
@@ -264,6 +312,12 @@ class Shell:
         self.decider.forget(run_ids)
 
 
+def padded(value: Any) -> bytes:
+    """The JSON of ``value`` with leading blanks: the same value, past `BLOB_THRESHOLD`,
+    so step outputs go by reference through every interleaving."""
+    return b" " * BLOB_THRESHOLD + payload.dumps(value)
+
+
 def ended(job: StepJob, how: str) -> StepOutcome:
     """The outcome of ``job``'s body: ``ok``, a ``retryable`` failure or a ``terminal`` one."""
     ok = how == "ok"
@@ -273,7 +327,7 @@ def ended(job: StepJob, how: str) -> StepOutcome:
         job.seq,
         job.attempt,
         ok,
-        payload.dumps(job.args[0] if job.args else None) if ok else b"null",
+        padded(job.args[0] if job.args else None) if ok else b"null",
         None if ok else f"{how} failure",
         retryable=how == "retryable",
         isolated=job.isolated,

@@ -618,7 +618,7 @@ def test_an_oversize_start_is_rejected_with_its_reason():
     assert core.query("big").status == "rejected"
 
 
-def test_an_oversize_step_output_fails_the_step_and_a_run_output_fails_the_run():
+def test_without_blobs_an_oversize_step_output_fails_the_step_and_a_run_output_the_run():
     def huge(n: int) -> str:
         return "y" * n
 
@@ -632,7 +632,7 @@ def test_an_oversize_step_output_fails_the_step_and_a_run_output_fails_the_run()
     async def big_result(ctx, n: int) -> str:
         return "z" * n
 
-    limits = Limits(max_record=200_000)
+    limits = Limits(max_record=200_000, blob_threshold=0)  # blobs off (engine.blobs)
     core = Core(registry(wf, big_result), limits=limits)
     core.start("s", "wf", 150_000)
     caught = payload.loads(core.state("s").output)

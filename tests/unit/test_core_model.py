@@ -514,10 +514,10 @@ def promise_problems(shell: Shell, runs: Iterable[str]) -> list[str]:
             continue
         if st.continued_as is None and done:
             f = done[0]
-            one = "timed out" if f.timed_out else payload.loads(f.value)
+            one = "timed out" if f.timed_out else shell.value(f.value)
             one = f"rejected: {f.error}" if f.error is not None and not f.timed_out else one
-            if payload.loads(st.output) != [one, one]:
-                out.append(f"{run_id}: returned {payload.loads(st.output)}, its promise {one!r}")
+            if shell.value(st.output) != [one, one]:
+                out.append(f"{run_id}: returned {shell.value(st.output)}, its promise {one!r}")
     return out
 
 
@@ -543,9 +543,9 @@ def update_problems(shell: Shell, runs: Iterable[str], at_rest: bool = False) ->
                 f"{run_id} ({st.status}): updates in flight at rest: {set(ids) - set(completed)}"
             )
         if st.workflow == "updatable" and st.status == "completed" and st.output:
-            want = payload.loads(st.input) + sum(payload.loads(f.arg) for f in accepted)
-            if payload.loads(st.output) != want:
-                out.append(f"{run_id}: returned {payload.loads(st.output)}, want {want}")
+            want = shell.value(st.input) + sum(shell.value(f.arg) for f in accepted)
+            if shell.value(st.output) != want:
+                out.append(f"{run_id}: returned {shell.value(st.output)}, want {want}")
     return out
 
 

@@ -10,7 +10,7 @@ import runstream
 from examples.testing import test_ledger_entity as example
 from runstream import App
 from runstream.engine import payload
-from runstream.engine.entities import SHOW, call_input
+from runstream.engine.entities import ENTITY_STATE_MAX_BYTES, SHOW, call_input
 from runstream.engine.reducer import fold
 from runstream.schemas.records import (
     LiveQuery,
@@ -71,6 +71,9 @@ class Cart:
 
     async def empty(ctx: runstream.EntityContext, _: None) -> None:
         ctx.state.clear()
+
+    async def hoard(ctx: runstream.EntityContext, size: int) -> None:
+        ctx.state.set("blob", "x" * size)
 
     async def call_self(ctx: runstream.EntityContext, _: None) -> int:
         return int(await ctx.entity("cart", ctx.key).call("add", "loop"))
@@ -156,6 +159,19 @@ def test_a_failed_call_changes_no_state_and_the_next_call_runs():
     after = call(core, "ann", "3", "add", "pear")
     pump(core)
     assert core.state(bad).status == "failed" and "out of stock" in core.state(bad).error
+    assert output(core, after)["state"] == {"items": ["apple", "pear"]}
+
+
+def test_a_call_that_leaves_a_state_over_its_cap_fails_and_changes_no_state():
+    """The state travels inline with the key's lock (Grant/Release), never as a large
+    payload: past its cap the call fails, before any record could outgrow Kafka's limit."""
+    core = Core(app.registry)
+    call(core, "ann", "1", "add", "apple")
+    big = call(core, "ann", "2", "hoard", ENTITY_STATE_MAX_BYTES)
+    after = call(core, "ann", "3", "add", "pear")
+    pump(core)
+    assert core.state(big).status == "failed"
+    assert "entity state" in core.state(big).error and "cap" in core.state(big).error
     assert output(core, after)["state"] == {"items": ["apple", "pear"]}
 
 

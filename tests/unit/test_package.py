@@ -14,6 +14,7 @@ def test_public_names_are_pinned():
     assert runstream.__all__ == sorted(runstream.__all__)
     assert set(runstream.__all__) == {
         "App",
+        "BlobUnavailable",
         "CancelReport",
         "ChildFailed",
         "Client",

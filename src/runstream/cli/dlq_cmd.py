@@ -160,7 +160,7 @@ def letter_dict(entry: Entry, codec: Codec | None = None) -> dict[str, Any]:
 
 def _payload(value: bytes) -> Any:
     try:
-        return payload.loads(value)
+        return payload.shown(value)
     except ValueError:  # not JSON (a start refused for that): keep it editable
         return _bytes(value)
 

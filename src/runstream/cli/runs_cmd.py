@@ -26,11 +26,12 @@ from runstream.errors import DecodeError, RunNotFound
 from runstream.operations import caught_up as model_caught_up
 from runstream.operations import journal, no_namespace, plain, reader, took
 from runstream.operations import model_path as model_path  # where it was: tests import it
-from runstream.projections.runs import CatchUp, RunQuery, RunRow, RunsModel
+from runstream.projections.runs import CatchUp, RunQuery, RunRow, RunsModel, shown_text
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import LifecycleEvent, Record, Status
 from runstream.settings import Settings
 from runstream.topics import lifecycle_wire
+from runstream.topics.blobstore import read_here
 from runstream.topics.spec import Topics
 
 #: Show a progress bar when a catch-up has more lifecycle records than this to read.
@@ -179,6 +180,7 @@ def show(
     run_id: str, namespace: str, bootstrap: str | None, cache_dir: Path | None, as_json: bool
 ) -> None:
     """RUN_ID's status, workflow, input, output or error, timings and timeline."""
+    read_here(namespace, Settings().with_bootstrap(bootstrap))  # large payloads: their value
     with caught_up(namespace, bootstrap, cache_dir) as (model, _):
         row, events = model.get(run_id), model.events(run_id)
     if row is None:
@@ -343,9 +345,9 @@ def _summary(row: RunRow) -> Iterator[tuple[str, str]]:
     else:
         yield "updated", _when(row.updated_at_ms, precise=True)
     yield "steps", f"{row.steps} completed"
-    yield "input", row.input if row.input is not None else "(not in the lifecycle stream)"
+    yield "input", shown_text(row.input) or "(not in the lifecycle stream)"
     if row.output is not None:
-        yield "output", row.output
+        yield "output", shown_text(row.output) or ""
     if row.error is not None:
         yield "error", row.error
     if row.continued_as:

@@ -5,7 +5,8 @@ Each consumed record is checked in this order, and the first problem decides:
 1. it decodes (else ``undecodable``) into a command (else ``not-a-command``);
 2. its run id is usable (else ``bad-run-id``);
 3. it arrived on the partition its run id hashes to (else it is forwarded there);
-4. it fits the size limit (else ``oversize``; a start is also recorded as rejected);
+4. it fits the size limit (else ``oversize``; a start is also recorded as rejected), and
+   the large payloads it references can be read (else ``blob-missing``, `engine.blobs`);
 5. its id is of the kind its command is for (`kind_problem`): a run's, or a limit's, an
    event entity's (exactly its event's) or a schedule's (else ``bad-run-id``);
 6. its rule accepts it (else the rule's reason: ``unknown-workflow``, ``invalid-input``,
@@ -26,18 +27,20 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
+from runstream.engine.blobs import Blobs, MemoryBlobs, active, refs_in
 from runstream.engine.interceptors import kafka_headers
 from runstream.engine.limits import Limits
 from runstream.engine.partitioner import partition_for
 from runstream.engine.reducer import apply
 from runstream.engine.rules import HANDLERS, Activation, Rejected, Rules
+from runstream.engine.rules.blobs import over_budget
 from runstream.engine.rules.children import tell_refused_parent
 from runstream.engine.rules.core import emit
 from runstream.engine.rules.runs import run_info
 from runstream.engine.state import RunState, RunView, State
 from runstream.engine.work import Batch, Forward, LogRecord, Waiter, Work
 from runstream.engine.workflow import Registry
-from runstream.errors import DecodeError, SchemaError
+from runstream.errors import BlobUnavailable, DecodeError, SchemaError
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
     ENTITY_PREFIX,
@@ -50,6 +53,7 @@ from runstream.schemas.records import (
     RunInfo,
     RunRejected,
     StartRun,
+    StepResult,
     Subscribe,
     correlation_id,
     id_kind,
@@ -82,8 +86,11 @@ class Decider:
         max_recovery_attempts: int = 3,
         activation: Activation | None = None,
         codec: Codec | None = None,
+        blobs: Blobs | None = None,
     ) -> None:
         self.partitions = partitions
+        # Resolves large payloads' references (the shell's reads the blobs topic).
+        self.blobs = blobs or MemoryBlobs()
         self.limits = limits or Limits()
         self.codec = codec or Codec.default()
         self.rules = Rules(registry, self.limits, journal_topic, max_recovery_attempts, activation)
@@ -91,6 +98,10 @@ class Decider:
     def handle(self, b: Batch, work: Work) -> str | None:
         """Decide ``work`` into ``b``; the run it was about (None for a record set aside
         before it named one, or forwarded). Never raises."""
+        with active(self.blobs):
+            return self._handle(b, work)
+
+    def _handle(self, b: Batch, work: Work) -> str | None:
         if isinstance(work, LogRecord):
             return self._record(b, work)
         self._decide(b, work.partition, work.run_id, lambda st: self._dispatch(b, st, work))
@@ -134,8 +145,9 @@ class Decider:
             return None
         size = len(value) + sum(len(k) + len(v) for k, v in rec.headers)
         too_large = self.limits.too_large(f"the {cmd.AVRO} command", size)
-        if too_large:
-            reject = Rejected(Reason.OVERSIZE, too_large)
+        refused = Rejected(Reason.OVERSIZE, too_large) if too_large else self._blob_problem(cmd)
+        if refused is not None:
+            reject = refused
 
             def refuse(_st: State) -> None:
                 raise reject
@@ -153,6 +165,17 @@ class Decider:
                 )
         return run_id
 
+    def _blob_problem(self, cmd: Command) -> Rejected | None:
+        """Why the large payloads ``cmd`` references cannot be read, or None. Reading them
+        here (the store keeps them) makes a foreign producer's bad reference a dead letter,
+        never a failure in the middle of a run's replay."""
+        try:
+            for ref in refs_in(cmd):
+                self.blobs.read(ref)
+        except BlobUnavailable as exc:
+            return Rejected(Reason.BLOB_MISSING, f"the {cmd.AVRO} command: {exc}")
+        return None
+
     def forget(self, run_ids: Iterable[str]) -> None:
         """The shell dropped these runs' uncommitted facts: never resume ahead of them."""
         self.rules.replayer.forget(run_ids)
@@ -167,6 +190,14 @@ class Decider:
         problem = kind_problem(item, st, kind)
         if problem:
             raise Rejected(Reason.BAD_RUN_ID, problem)
+        if (
+            isinstance(st, RunState)
+            and isinstance(item, Command)
+            and not isinstance(item, StepResult)
+        ):
+            size = sum(ref.size for ref in refs_in(item))  # a step's output: `rules.blobs`
+            if size and (over := over_budget(self.limits, st, f"the {item.AVRO} command", size)):
+                raise Rejected(Reason.OVERSIZE, over)
         handler(self.rules, b, st, item)
 
     # -- the guard -----------------------------------------------------------------

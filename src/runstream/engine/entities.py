@@ -39,6 +39,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: the queue (`runstream entities show`).
 SHOW = "~show"
 
+#: The most a key's state may take, as JSON: it rides inline in its lock's records
+#: (Grant, Release), which large payloads never split.
+ENTITY_STATE_MAX_BYTES = 256 * 1024
+
 
 class CallCycle(Exception):
     """An exclusive call would wait for a key its own chain of callers holds."""
@@ -180,6 +184,13 @@ class EntityDef:
             chain = [*call.get("chain", []), [self.name, key]]
             ectx = EntityContext(ctx, self.name, key, state, chain)
             result = await handler(ectx, call.get("arg"))
+            size = len(payload.dumps(state._entries))
+            if size > ENTITY_STATE_MAX_BYTES:  # it travels inline with the lock's records
+                raise ValueError(
+                    f"entity state of {self.name!r} key {key!r} would be {size} bytes, over "
+                    f"its cap of {ENTITY_STATE_MAX_BYTES}: keep large values in steps' "
+                    "outputs or elsewhere, and their ids in the state"
+                )
             return {"result": result, "state": state._entries}
 
         return workflow_def(call, name=entity_workflow(self.name), concurrency_key=self._lock_key)

@@ -38,6 +38,11 @@ class Limits:
     # Validated updates of one run: open at once, and in one history (`rules.updates`).
     updates_in_flight: int = 10
     updates_per_history: int = 2000
+    # Large payloads (`engine.blobs`): above this many bytes a payload goes to the blobs
+    # topic in chunks and its record carries a reference; a run's blobs may total at most
+    # `blob_budget` bytes (past it the run fails, code blob-budget). 0: no blobs.
+    blob_threshold: int = 256 * 1024
+    blob_budget: int = 256 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.max_record <= 2 * ENVELOPE:
@@ -47,6 +52,10 @@ class Limits:
     def payload(self) -> int:
         """The largest user payload (or inbound command) in bytes."""
         return self.max_record - ENVELOPE
+
+    def big(self, size: int) -> bool:
+        """A payload of ``size`` bytes travels as a blob (`engine.blobs`)."""
+        return self.blob_threshold > 0 and size > min(self.blob_threshold, self.payload)
 
     def clip(self, text: str) -> str:
         """``text`` cut to `text` characters, saying how much was cut, and `clean`."""

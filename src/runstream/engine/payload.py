@@ -7,6 +7,9 @@ from typing import Any
 
 from pydantic_core import to_json
 
+from runstream.engine import blobs
+from runstream.errors import BlobUnavailable
+
 
 def dumps(value: Any) -> bytes:
     """JSON bytes of plain values, pydantic models, dataclasses, datetimes."""
@@ -14,4 +17,14 @@ def dumps(value: Any) -> bytes:
 
 
 def loads(data: bytes | None) -> Any:
-    return None if not data else json.loads(data)
+    """The value of JSON bytes, or of the large payload they reference (`engine.blobs`)."""
+    return None if not data else json.loads(blobs.resolve(data))
+
+
+def shown(data: bytes | None) -> Any:
+    """The value for a person or a read model: a large payload read through the active
+    store if it can be, else ``{"$blob": why}`` (never an error: a listing goes on)."""
+    try:
+        return loads(data)
+    except BlobUnavailable as exc:
+        return {"$blob": str(exc)}

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import fields, replace
 from typing import TypeVar
 
+from runstream.engine import blobs
 from runstream.engine.state import (
     EventEntityState,
     LimitState,
@@ -21,6 +22,7 @@ from runstream.engine.state import (
     Status,
     new_state,
 )
+from runstream.errors import BlobUnavailable
 from runstream.schemas.records import (
     END_FACTS,
     RUN_PERMIT_SEQ,
@@ -111,8 +113,23 @@ def payload_bytes(fact: Fact) -> int:
 _PAYLOAD_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
+def blob_bytes(fact: Fact) -> int:
+    """The bytes ``fact``'s large payloads reference: what a run's blob budget counts."""
+    if payload_bytes(fact) == 0:
+        return 0
+    return sum(ref.size for name in _PAYLOAD_FIELDS[type(fact)] if (ref := _ref(fact, name)))
+
+
+def _ref(fact: Fact, name: str) -> blobs.Ref | None:
+    try:
+        return blobs.parse(getattr(fact, name))
+    except BlobUnavailable:  # never recorded: a malformed reference is refused at intake
+        return None
+
+
 def _run(state: RunState, fact: Fact) -> None:
     state.history_bytes += payload_bytes(fact)
+    state.blob_bytes += blob_bytes(fact)
     if state.status is Status.PARKED and not isinstance(
         fact, RunParked | SignalBuffered | PromiseCompleted
     ):

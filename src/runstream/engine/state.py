@@ -119,6 +119,7 @@ class RunState:
     retried_as: str | None = None  # retried with new input as this run
     facts: int = 0  # facts applied: the next fact's index in the projection
     history_bytes: int = 0  # the payload bytes of its facts (`reducer.payload_bytes`)
+    blob_bytes: int = 0  # the bytes its facts' large payloads reference (`engine.blobs`)
     steps: int = 0  # StepCompleted facts
     started: bool = False  # has a RunStarted (a rejected start has only RunRejected)
     reply_to: str | None = None  # the client its start asked to be told of its end

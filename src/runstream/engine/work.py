@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from runstream.engine.blobs import Blob
 from runstream.engine.state import State, beats_of
 from runstream.engine.workflow import StepDef
 from runstream.schemas.records import (
@@ -172,6 +173,7 @@ class Effects:
     waiters: list[Waiter] = field(default_factory=list)  # questions to answer at the end
     dead_letters: list[DeadLetter] = field(default_factory=list)
     forwards: list[Forward] = field(default_factory=list)
+    blobs: list[Blob] = field(default_factory=list)  # large payloads, to the blobs topic
     encoded: Encoded = field(default_factory=Encoded)
 
     def encode(self, encode: Callable[[Record], bytes]) -> None:
@@ -197,6 +199,7 @@ class Effects:
             self.waiters,
             self.dead_letters,
             self.forwards,
+            self.blobs,
             e.facts,
             e.lifecycle,
             e.tasks,

@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 from rocksdict import AccessType, Options, Rdict, WriteBatch
 
-from runstream.engine import payload
+from runstream.engine import blobs, payload
 from runstream.engine.work import LogRecord
 from runstream.errors import DecodeError
 from runstream.projections.store import key_range
@@ -510,4 +510,11 @@ def _text(data: bytes | None) -> str | None:
 
 
 def _json(text: str | None) -> Any:
-    return None if text is None else payload.loads(text.encode())
+    return None if text is None else payload.shown(text.encode())  # a large one: its value
+
+
+def shown_text(text: str | None) -> str | None:
+    """A payload's JSON text as stored, or a large payload's (read, or why not)."""
+    if text is None or not text.startswith(blobs.MAGIC.decode()):
+        return text
+    return json.dumps(_json(text), ensure_ascii=False)

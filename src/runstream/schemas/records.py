@@ -82,6 +82,7 @@ class Reason(StrEnum):
     PROMISE_COMPLETED = "promise-completed"  # resolved, rejected or timed out already
     RUN_ENDED = "run-ended"  # its promise can no longer be completed
     UPDATE_REFUSED = "update-refused"  # an update nobody waits for was refused
+    BLOB_MISSING = "blob-missing"  # a large payload's reference names no (or corrupt) bytes
 
 
 #: A run id is 1 to this many bytes of UTF-8.

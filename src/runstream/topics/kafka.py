@@ -57,6 +57,7 @@ from runstream.topics.admin import (
     wait_for_cluster,
 )
 from runstream.topics.base import Ownership
+from runstream.topics.blobstore import blobs_topic_ready
 from runstream.topics.logs import last_error
 from runstream.topics.spec import Topics
 from runstream.topics.txn import Action, Transactions, classify, evidence
@@ -127,10 +128,10 @@ def _open_engine_log(
         ensure_topics(bootstrap, ns, s.partitions, kafka=s.kafka)  # a new namespace
         partitions = check_copartitioned(bootstrap, ns, kafka=s.kafka)
     ensure_task_topics(config, topics, partitions, task_groups, s)
+    big = s.blob_threshold_bytes if blobs_topic_ready(config, topics, partitions, s) else 0
     fixed = topics.fixed()
-    max_record = s.max_record_bytes or max_record_bytes(
-        config, [fixed[f] for f in ("commands", "journal", "lifecycle", "replies", "dlq")]
-    )
+    written = ["commands", "journal", "lifecycle", "replies", "dlq"] + (["blobs"] if big else [])
+    max_record = s.max_record_bytes or max_record_bytes(config, [fixed[f] for f in written])
     config = taking(config, max_record)
     static = bool(s.instance_id) and not s.leave_on_stop
     state_topic = _state_topic(config, topics, partitions, s)
@@ -151,6 +152,8 @@ def _open_engine_log(
             history_bytes_max=s.history_max_bytes,
             updates_in_flight=s.updates_in_flight,
             updates_per_history=s.updates_per_history,
+            blob_threshold=big,
+            blob_budget=s.blob_budget_bytes,
         ),
         state_topic=state_topic,
     )

@@ -23,8 +23,8 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any, Literal, get_args
 
-from runstream.engine import payload
-from runstream.errors import ConfigError, DecodeError, SchemaError
+from runstream.engine import blobs, payload
+from runstream.errors import BlobUnavailable, ConfigError, DecodeError, SchemaError
 from runstream.schemas.codec import MAGIC, Codec
 from runstream.schemas.records import LifecycleEvent, Record
 
@@ -65,8 +65,11 @@ def _payload_value(data: bytes | None) -> Any:
     if data is None:
         return None
     try:
-        return payload.loads(data)
-    except ValueError:  # not JSON (never written so by the engine): keep it as text
+        ref = blobs.parse(data)
+        if ref is not None:  # a large payload: its reference, as JSON (`from_json` reads it)
+            return ref.marker()
+        return json.loads(data)
+    except (ValueError, BlobUnavailable):  # never written so by the engine: kept as text
         return data.decode(errors="replace")
 
 
@@ -82,8 +85,10 @@ def from_json(data: bytes) -> LifecycleEvent:
             raise ValueError("not a JSON object")
         fields = {k: doc[k] for k in JSON_FIELDS if k in doc}  # unknown keys: newer writers
         for name in _PAYLOADS:
-            if fields.get(name) is not None or fields.get("type") in _CARRIED[name]:
-                fields[name] = payload.dumps(fields.get(name))
+            value = fields.get(name)
+            if value is not None or fields.get("type") in _CARRIED[name]:
+                ref = None if value is None else blobs.from_marker(value)
+                fields[name] = payload.dumps(value) if ref is None else ref
         fields["tags"] = fields.get("tags") or {}
         return LifecycleEvent(**fields)
     except (ValueError, TypeError) as exc:

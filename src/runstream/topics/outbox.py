@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from runstream.engine import blobs
 from runstream.engine.interceptors import record_headers
 from runstream.engine.partitioner import partition_for
 from runstream.engine.work import Batch
@@ -66,6 +67,10 @@ def outbox(
         out.append(Out(topics.dlq, None, key, data))
     for fw in fx.forwards:
         out.append(Out(topics.commands, fw.partition, fw.key, fw.value))
+    for blob in fx.blobs:  # in the transaction of the facts that reference them
+        p = blobs.partition_of(blob.ref, partitions)  # the blobs topic has as many
+        for i, chunk in enumerate(blob.chunks):
+            out.append(Out(topics.blobs, p, blob.ref.key(i), chunk))
     return out, encoded
 
 

@@ -13,6 +13,7 @@ ns.events      any          events any service publishes (JSON), forwarded as co
 ns.replies     client id    answers to queries
 ns.dlq         original key poison records and dead runs, never dropped
 ns.state       run id       compacted snapshots of the projections (restore from them)
+ns.blobs       hash/chunk   large payloads' chunks (compacted; `engine.blobs`)
 ============== ============ ====================================================
 
 **The partition count of a namespace is fixed when its topics are created.**
@@ -48,7 +49,7 @@ _DAY_MS = 24 * _HOUR_MS
 _WEEK_MS = 7 * _DAY_MS
 
 #: The fixed topic families of a namespace (``tasks.<group>`` is a template on top).
-FAMILIES = ("commands", "journal", "lifecycle", "events", "replies", "dlq", "state")
+FAMILIES = ("commands", "journal", "lifecycle", "events", "replies", "dlq", "state", "blobs")
 
 # Per family: the key, and the configs that differ from the broker's defaults.
 # journal: never compacted and never expired; it is the only copy of run histories,
@@ -80,6 +81,8 @@ _FAMILY_CONFIGS: dict[str, tuple[str, dict[str, str]]] = {
             "delete.retention.ms": str(_HOUR_MS),
         },
     ),
+    # blobs: content-addressed, so compaction keeps one copy of each chunk, for ever.
+    "blobs": ("sha256/chunk", {"cleanup.policy": "compact", "retention.ms": "-1"}),
 }
 
 # Kafka topic names: [a-zA-Z0-9._-], at most 249 characters.
@@ -150,6 +153,10 @@ class Topics:
     @property
     def state(self) -> str:
         return f"{self.ns}.state"
+
+    @property
+    def blobs(self) -> str:
+        return f"{self.ns}.blobs"
 
     @property
     def tasks_prefix(self) -> str:

@@ -29,6 +29,7 @@ from runstream.topics.admin import (
     max_record_bytes,
     wait_for_cluster,
 )
+from runstream.topics.blobstore import KafkaBlobs
 from runstream.topics.kafka import consume_records, ensure_task_topics, taking
 from runstream.topics.spec import Topics
 
@@ -87,7 +88,7 @@ def _open(
         group,
         partitions,
         worker_id,
-        limits=Limits(max_record),
+        limits=Limits(max_record, blob_threshold=s.blob_threshold_bytes),
         session_timeout_ms=s.session_timeout_ms,
     )
 
@@ -118,6 +119,7 @@ class TaskLog:
     ) -> None:
         self.topics, self.partitions, self.limits = topics, partitions, limits
         self.topic = topics.tasks(group)
+        self.blobs = KafkaBlobs(config, topics.blobs)  # a large output, before its result
         self._paused = False
         self._closed = False
         self._fatal: str | None = None
@@ -271,8 +273,13 @@ class TaskLog:
         """Wait until Kafka took every record sent; False if some are still pending."""
         return self._producer.flush(timeout) == 0
 
+    def write_blob(self, data: bytes) -> bytes:
+        """Put a large output on the blobs topic (flushed); the reference to send."""
+        return self.blobs.write(self._producer, data, self.limits.payload).encode()
+
     def close(self) -> None:
         """Leave the group and release the clients. Never raises: it runs on the way out."""
+        self.blobs.close()
         try:
             self._consumer.close()  # revokes: the worker commits what it can
         except (KafkaException, RuntimeError) as exc:

@@ -229,7 +229,7 @@ def fields(fact: Record) -> dict[str, Any]:
         value = getattr(fact, f.name)
         if isinstance(value, bytes):
             try:
-                value = payload.loads(value)
+                value = payload.shown(value)
             except ValueError:
                 value = value.decode(errors="replace")
         out[f.name] = value

@@ -5,7 +5,7 @@ children's ``parent_close`` (`ended`, from `core.emit`)."""
 from __future__ import annotations
 
 from runstream.engine.replay import ChildCall
-from runstream.engine.rules import core, runs
+from runstream.engine.rules import blobs, core, runs
 from runstream.engine.rules.context import Rejected, Rules
 from runstream.engine.state import RunState, RunView, Status
 from runstream.engine.work import Batch
@@ -36,7 +36,7 @@ def start_child(ctx: Rules, b: Batch, st: RunState, call: ChildCall) -> bool:
             raise Rejected(Reason.BAD_RUN_ID, f"child run id: {problem}")
         if runs.checked(ctx, call.workflow, None, call.input) is None:
             raise Rejected(Reason.UNKNOWN_WORKFLOW, f"no workflow {call.workflow!r}")
-        too_large = ctx.limits.too_large("the child's input", len(call.input))
+        data, too_large = blobs.keep(ctx, b, st, "the child's input", call.input)
         if too_large:
             raise Rejected(Reason.OVERSIZE, too_large)
     except Rejected as exc:
@@ -66,7 +66,7 @@ def start_child(ctx: Rules, b: Batch, st: RunState, call: ChildCall) -> bool:
         StartRun(
             call.child_run_id,
             call.workflow,
-            input=call.input,
+            input=data,
             parent_run_id=run_id,
             sent_at_ms=now,
             parent_seq=call.seq if call.awaited else None,

@@ -23,7 +23,7 @@ from runstream.engine.replay import (
     StepCall,
     replay,
 )
-from runstream.engine.rules import children, entities, limits, pause, runs, steps, updates
+from runstream.engine.rules import blobs, children, entities, limits, pause, runs, steps, updates
 from runstream.engine.rules.context import Rules, settled
 from runstream.engine.state import RunState, RunView, State, Status
 from runstream.engine.work import Batch
@@ -117,23 +117,15 @@ def _follow(ctx: Rules, b: Batch, st: RunState, result: Replay, relaunch: frozen
     run_id, now = st.run_id, b.now
     match result.outcome:
         case Completed(value):
-            output, problem = _dumps(ctx, "the run's output", value)
+            output, problem = _dumps(ctx, "the run's output", value, b, st)
             if problem:
-                emit(
-                    b,
-                    st,
-                    RunFailed(run_id, now, error=problem, traceback="", code=Failure.BAD_OUTPUT),
-                )
+                emit(b, st, blobs.failed(run_id, now, problem))
             else:
                 emit(b, st, RunCompleted(run_id, now, output=output))
         case ContinuedAsNew(value, headers):
-            data, problem = _dumps(ctx, "the continue-as-new input", value)
+            data, problem = _dumps(ctx, "the continue-as-new input", value, b, st)
             if problem:
-                emit(
-                    b,
-                    st,
-                    RunFailed(run_id, now, error=problem, traceback="", code=Failure.BAD_OUTPUT),
-                )
+                emit(b, st, blobs.failed(run_id, now, problem))
                 return False
             successor = continuation_of(run_id)
             emit(b, st, RunCompleted(run_id, now, output=b"null", continued_as=successor))
@@ -266,13 +258,13 @@ def park(ctx: Rules, b: Batch, st: RunState, reason: str) -> None:
         emit(b, st, RunParked(st.run_id, b.now, reason=reason))
 
 
-def _dumps(ctx: Rules, what: str, value: Any) -> tuple[bytes, str | None]:
-    """JSON bytes of a workflow's value, or why it cannot be recorded."""
+def _dumps(ctx: Rules, what: str, value: Any, b: Batch, st: RunState) -> tuple[bytes, str | None]:
+    """JSON bytes of a workflow's value (or their blob's reference), or why not."""
     try:
         data = payload.dumps(value)
     except Exception as exc:  # pydantic_core.PydanticSerializationError and friends
         return b"", ctx.limits.clip(f"{what} is not JSON-serialisable: {exc}")
-    return data, ctx.limits.too_large(what, len(data))
+    return blobs.keep(ctx, b, st, what, data)
 
 
 def emit(b: Batch, st: State, fact: Fact) -> None:

@@ -4,7 +4,7 @@ open waits and batches (publish, subscribe, close_batches); then the waiting run
 
 from __future__ import annotations
 
-from runstream.engine import payload
+from runstream.engine import blobs, payload
 from runstream.engine.rules import core
 from runstream.engine.rules.context import Rules
 from runstream.engine.state import EventEntityState, RunState
@@ -68,6 +68,11 @@ def _trigger(ctx: Rules, b: Batch, corr: EventEntityState, cmd: PublishEvent) ->
     their batches; how many want it."""
     started = 0
     for wf in ctx.registry.triggered_by(cmd.name):
+        if (wf.batch is not None or wf.window is not None) and blobs.parse(cmd.payload):
+            # a batch's input holds its events' bytes: it takes no large payload
+            why = f"a large payload cannot join a batch of workflow {wf.name!r}"
+            _aside(ctx, b, f"event {cmd.name!r}: {why}", Reason.OVERSIZE)
+            continue
         if wf.batch is not None or wf.window is not None:
             _batch(ctx, b, corr, wf, cmd)
             started += 1
@@ -77,27 +82,22 @@ def _trigger(ctx: Rules, b: Batch, corr: EventEntityState, cmd: PublishEvent) ->
                 payload.loads(cmd.payload)
             )  # fmt: skip
         except Exception as exc:  # user code: its failure must not lose the event
-            reason = ctx.limits.clip(
-                f"the key of workflow {wf.name!r} for event {cmd.name!r} failed: {exc!r}"
-            )
-            b.effects.dead_letters.append(
-                DeadLetter(
-                    reason,
-                    "",
-                    partition=0,
-                    offset=-1,
-                    key=None,
-                    value=None,
-                    run_id=None,
-                    at_ms=b.now,
-                    code=Reason.INVALID_INPUT,
-                )
-            )
+            why = f"the key of workflow {wf.name!r} for event {cmd.name!r} failed: {exc!r}"
+            _aside(ctx, b, why, Reason.INVALID_INPUT)
             continue
         run_id = f"{wf.name}:{key}"
         b.effects.commands.append(StartRun(run_id, wf.name, input=cmd.payload, sent_at_ms=b.now))
         started += 1
     return started
+
+
+def _aside(ctx: Rules, b: Batch, why: str, code: Reason) -> None:
+    """A dead letter for one delivery of an event that cannot be made (the others go on)."""
+    letter = DeadLetter(
+        ctx.limits.clip(why), "", partition=0, offset=-1, key=None, value=None, run_id=None,
+        at_ms=b.now, code=code,
+    )  # fmt: skip
+    b.effects.dead_letters.append(letter)
 
 
 def _batch(

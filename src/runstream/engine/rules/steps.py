@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from runstream.engine.rules import core, limits, remote
+from runstream.engine.rules import blobs, core, limits, remote
 from runstream.engine.rules.context import Rules
 from runstream.engine.state import RunState
 from runstream.engine.work import Batch, HandOver, Recover, StepJob, StepOutcome
 from runstream.engine.workflow import StepDef
+from runstream.errors import Failure
 from runstream.schemas.records import (
     Acquire,
     DeadLetter,
@@ -86,7 +87,9 @@ def step_outcome(ctx: Rules, b: Batch, st: RunState, o: StepOutcome) -> None:
         return
     clip = ctx.limits.clip
     limits.give_back(b, st, o.seq)
-    too_large = ctx.limits.too_large("the step's output", len(o.output)) if o.ok else None
+    output, too_large = (
+        blobs.keep(ctx, b, st, "the step's output", o.output) if o.ok else (b"", None)
+    )
     if o.ok and not too_large:
         core.emit(
             b,
@@ -96,7 +99,7 @@ def step_outcome(ctx: Rules, b: Batch, st: RunState, o: StepOutcome) -> None:
                 b.now,
                 seq=o.seq,
                 name=started.name,
-                output=o.output,
+                output=output,
                 attempt=o.attempt,
                 duration_ms=o.duration_ms,
             ),
@@ -127,6 +130,9 @@ def step_outcome(ctx: Rules, b: Batch, st: RunState, o: StepOutcome) -> None:
             ),
         )
         if retry:
+            return
+        if too_large and blobs.failure(too_large) == Failure.BLOB_BUDGET:  # it cannot go on
+            core.emit(b, st, blobs.failed(st.run_id, b.now, too_large))
             return
     core.advance(ctx, b, st)
 

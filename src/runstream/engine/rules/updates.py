@@ -158,7 +158,7 @@ def follow(ctx: Rules, b: Batch, st: RunState, result: Replay, relaunch: frozens
     for accepted, outcome in result.updates:
         match outcome:
             case Completed(value):
-                output, problem = core._dumps(ctx, "the update's result", value)
+                output, problem = core._dumps(ctx, "the update's result", value, b, st)
                 if problem:
                     _complete(b, st, accepted, error=problem, code=UpdateCode.HANDLER_FAILED)
                 else:
