@@ -483,13 +483,13 @@ def entity_problems(shell: Shell) -> list[str]:
     for run_id in shell.runs():
         st = shell.run_state(run_id)
         if st.workflow == entity_workflow("tally") and st.status == Status.COMPLETED:
-            call = payload.loads(st.input)
+            call = shell.value(st.input)
             total, calls = want.get(call["key"], (0, 0))
             want[call["key"]] = (total + int(call["arg"]), calls + 1)
     out = []
     for key in ("0", "1"):
         st = shell.state(entity_lock_id("tally", key))
-        value = payload.loads(st.value) if isinstance(st, LimitState) and st.value else {}
+        value = shell.value(st.value) if isinstance(st, LimitState) and st.value else {}
         got = (value.get("sum", 0), value.get("calls", 0))
         if got != want.get(key, (0, 0)):
             out.append(f"tally[{key}]: holds (sum, calls) {got}, its completed calls {want[key]}")
