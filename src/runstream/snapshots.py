@@ -63,6 +63,7 @@ class Snapshots:
         self._taken: dict[int, tuple[PartitionStore, Taken, int]] = {}
         self._marked: dict[int, int] = {}  # each partition's last marker committed
         self.purged = 0  # runs purged by this instance
+        self._aborts = 0  # snapshots taken in a row that did not commit
 
     def soon(self) -> None:
         """Take the next snapshot with the next transaction (a handover: the next owner
@@ -91,6 +92,8 @@ class Snapshots:
                     self.purged += 1
             if store.journal_offset in (0, self._marked.get(p)) and not store.changing:
                 continue  # nothing new to write
+            if not store.covered:  # begun before snapshots: its new owner reads the journal
+                continue
             records, taken = store.take_snapshot()
             self._taken[p] = (store, taken, store.journal_offset)
             out += [Out(self.topic, p, key, value) for key, value in records]
@@ -112,6 +115,7 @@ class Snapshots:
         self._events.append(Out(self._topics.lifecycle, p, state.run_id.encode(), data))
 
     def committed(self) -> None:
+        self._aborts = 0
         for p, (store, taken, offset) in self._taken.items():
             self._marked[p] = offset
             if store.open:
@@ -119,13 +123,23 @@ class Snapshots:
         self._taken.clear()
         self._events = []
 
-    def aborted(self) -> None:
-        """The records taken did not commit: the next snapshot writes them, soon."""
+    def aborted(self, now_ms: int | None = None) -> None:
+        """The records taken did not commit: the next snapshot writes them, at once the
+        first time, then ever later (up to 64 intervals): a snapshot too large for a
+        transaction must not make every batch that carries it abort."""
         for store, taken, _ in self._taken.values():
             if store.open:
                 store.untake(taken)
+        if self._taken:
+            self._aborts += 1
         self._taken.clear()
-        self._next_ms = 0
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        wait = 0 if self._aborts <= 1 else self._interval_ms * min(2 ** (self._aborts - 1), 64)
+        self._next_ms = now_ms + wait
+        if self._aborts > 1:
+            log.warning(
+                "a snapshot did not commit %d times in a row: next in %d ms", self._aborts, wait
+            )
 
 
 def restore_snapshots(

@@ -269,3 +269,61 @@ def test_a_tick_purges_old_finished_runs_but_not_one_the_batch_decided(tmp_path)
     out = ticks.take(now + 1000, {0: store})
     assert store.get("busy").facts == 0 and store.get("live").facts == 2
     assert ticks.purged == 2
+
+
+def test_a_projection_written_before_snapshots_existed_writes_no_marker(tmp_path):
+    """A projection the previous release wrote (facts, a journal offset, no record of what
+    changed since a snapshot) cannot say which of its runs the snapshot topic lacks: a
+    marker from it would let a new owner restore none of its earlier runs. It writes no
+    snapshot (its next owner reads the journal, as before) until it is rebuilt."""
+    import gc
+
+    from rocksdict import Options, Rdict, WriteBatch
+
+    from runstream.snapshots import Snapshots
+
+    core = _core()
+    core.start("w", "waits")
+    store = PartitionStore(tmp_path / "p", Codec.default())
+    _sync(store, core)
+    store.close()
+    db = Rdict(str(tmp_path / "p"), Options(raw_mode=True))  # as the previous release left it
+    old = WriteBatch(raw_mode=True)
+    for key in list(db.keys()):
+        if key[:1] == b"d" or key == b"msnapshots":
+            old.delete(key)
+    db.write(old)
+    db.close()
+    del db
+    gc.collect()
+    store = PartitionStore(tmp_path / "p", Codec.default())
+    assert store.get("w").facts > 0 and not store.changing
+    ticks = Snapshots("t.state", 1.0, 0.0)
+    assert ticks.take(core.now, {0: store}) == []
+    core.start("w2", "waits")  # and later changes do not make it whole either
+    _sync(store, core)
+    assert ticks.take(core.now + 1000, {0: store}) == []
+
+
+def test_a_snapshot_that_does_not_commit_again_and_again_backs_off(tmp_path):
+    """A snapshot too large for a transaction aborts the batch that carried it: taken again
+    at once the first time, then ever later, so batches keep committing meanwhile."""
+    from runstream.snapshots import Snapshots
+
+    core = _core()
+    core.start("w", "waits")
+    store = PartitionStore(tmp_path / "p", Codec.default())
+    _sync(store, core)
+    ticks = Snapshots("t.state", 1.0, 0.0)
+    for now, retaken_at in ((10_000, 10_000), (10_000, 12_000), (20_000, 24_000)):
+        assert ticks.take(now, {0: store})  # the snapshot, with its marker
+        ticks.aborted(now_ms=now)
+        assert not ticks.due(retaken_at - 1) or retaken_at == now
+        assert ticks.due(retaken_at)
+    assert ticks.take(30_000, {0: store})
+    ticks.committed()
+    core.start("w2", "waits")
+    _sync(store, core)
+    assert ticks.take(31_000, {0: store})
+    ticks.aborted(now_ms=31_000)
+    assert ticks.due(31_000)  # a first abort after a commit: again at once

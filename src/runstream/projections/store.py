@@ -14,6 +14,8 @@ Keys (raw bytes, so byte order is meaningful):
                                         still writes it (bookkeeping: not in `dump`)
     b <run_id>                          its remote attempts' latest heartbeats (JSON)
     m journal                           next journal offset to read (8B BE)
+    m snapshots                         every run is in <ns>.state or has a d key (a
+                                        projection begun before snapshots has not)
 
 A run's state is the fold of its facts (plus its heartbeats, which are not facts);
 recently used states stay in an LRU so the hot path rarely decodes. A new or emptied
@@ -44,6 +46,7 @@ from runstream.schemas.records import Fact, RunStarted
 log = logging.getLogger("runstream.projections")
 
 _OFFSET_KEY = b"mjournal"
+_COVERED_KEY = b"msnapshots"
 _SEQ_BIAS = 1 << 31  # compensation steps have negative seqs; keep keys unsigned
 
 
@@ -128,6 +131,11 @@ class PartitionStore:
         self._cache_size = cache_size
         raw = self._db.get(_OFFSET_KEY)
         self.journal_offset: int = int.from_bytes(raw, "big") if raw else 0
+        # Whether a snapshot of it may have a marker (`covered`): a projection the previous
+        # release wrote cannot tell which of its runs <ns>.state lacks.
+        self.covered = self.journal_offset == 0 or self._db.get(_COVERED_KEY) is not None
+        if self.covered and not read_only:
+            self._db.put(_COVERED_KEY, b"1")
         # Runs committed since the last snapshot taken: run id -> its first new fact
         changed = key_range(self._db, b"d", b"e", "items")
         self.changed: dict[str, int] = {
@@ -232,8 +240,12 @@ class PartitionStore:
 
     def dump(self) -> list[tuple[bytes, bytes]]:
         """Every key and value, in order: two projections of the same journal compare equal."""
-        items = self.db.items()  # raw mode: all bytes; d keys are bookkeeping
-        return [(k, v) for k, v in items if isinstance(k, bytes) and not k.startswith(b"d")]
+        items = self.db.items()  # raw mode: all bytes; d keys and the coverage are bookkeeping
+        return [
+            (k, v)
+            for k, v in items
+            if isinstance(k, bytes) and not k.startswith(b"d") and k != _COVERED_KEY
+        ]
 
     def forget(self, run_id: str) -> None:
         self._cache.pop(run_id, None)
@@ -321,6 +333,8 @@ class PartitionStore:
                 batch.delete(key)
             self.db.write(batch)
         self.journal_offset, self.changed, self.tombstones = 0, {}, []
+        self.covered = True  # empty again
+        self.db.put(_COVERED_KEY, b"1")
         self._cache.clear()
         self._open_chunk.clear()
 
