@@ -407,3 +407,18 @@ def test_the_testing_kit_gives_a_big_output_back_as_its_value():
     run = t.start("echo", "e" * 400_000)  # and a run output
     assert run.result() == "e" * 400_000
     assert parse(run.state.output) is not None
+
+
+def test_runs_show_reads_large_payloads_only_for_its_own_command():
+    """`runstream runs show` resolves references through its namespace's blobs topic, for
+    that command only: a process that goes on (a test session, a program invoking the CLI)
+    keeps no blob store of it (before, the next reader of another namespace read through
+    this one's topic)."""
+    from click.testing import CliRunner
+
+    from runstream.cli.main import cli
+
+    assert blobs.ACTIVE.get() is None
+    out = CliRunner().invoke(cli, ["runs", "show", "r1", "-n", "ns", "--bootstrap", "127.0.0.1:1"])
+    assert out.exit_code != 0  # no broker there
+    assert blobs.ACTIVE.get() is None

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from runstream.cli import options
 from runstream.cli.options import namespace
+from runstream.engine import blobs
 from runstream.errors import DecodeError, RunNotFound
 from runstream.operations import caught_up as model_caught_up
 from runstream.operations import journal, no_namespace, plain, reader, took
@@ -31,7 +32,7 @@ from runstream.schemas.codec import Codec
 from runstream.schemas.records import LifecycleEvent, Record, Status
 from runstream.settings import Settings
 from runstream.topics import lifecycle_wire
-from runstream.topics.blobstore import read_here
+from runstream.topics.blobstore import blob_store
 from runstream.topics.spec import Topics
 
 #: Show a progress bar when a catch-up has more lifecycle records than this to read.
@@ -180,7 +181,14 @@ def show(
     run_id: str, namespace: str, bootstrap: str | None, cache_dir: Path | None, as_json: bool
 ) -> None:
     """RUN_ID's status, workflow, input, output or error, timings and timeline."""
-    read_here(namespace, Settings().with_bootstrap(bootstrap))  # large payloads: their value
+    # large payloads: their value, read through the namespace's blobs topic (this command's)
+    with blobs.active(blob_store(namespace, Settings().with_bootstrap(bootstrap))):
+        _show(run_id, namespace, bootstrap, cache_dir, as_json)
+
+
+def _show(
+    run_id: str, namespace: str, bootstrap: str | None, cache_dir: Path | None, as_json: bool
+) -> None:
     with caught_up(namespace, bootstrap, cache_dir) as (model, _):
         row, events = model.get(run_id), model.events(run_id)
     if row is None:

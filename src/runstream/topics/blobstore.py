@@ -164,13 +164,10 @@ def blob_producer(config: Config) -> Producer:
     return Producer({**config, "enable.idempotence": True, "linger.ms": 5})
 
 
-def read_here(ns: str, settings: Settings) -> KafkaBlobs:
-    """Resolve large payloads through ``ns``'s blobs topic from now on in this context:
-    for a command-line process (``runstream runs show``), which ends with its command."""
+def blob_store(ns: str, settings: Settings) -> KafkaBlobs:
+    """A reader of ``ns``'s blobs topic, for `blobs.active` (``runstream runs show``)."""
     config = client_config(settings.bootstrap(), settings.kafka)
-    store = KafkaBlobs(config, Topics(ns).blobs, timeout=settings.connect_timeout)
-    blobs.ACTIVE.set(store)
-    return store
+    return KafkaBlobs(config, Topics(ns).blobs, timeout=settings.connect_timeout)
 
 
 def blobs_topic_ready(config: Config, topics: Topics, partitions: int, s: Settings) -> bool:

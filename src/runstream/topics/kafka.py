@@ -325,6 +325,7 @@ class KafkaLog(Transactions):
                 "fetch.wait.max.ms": 50,
             }
         )
+        self._admin: AdminClient | None = None  # for the high watermarks, made when asked
         self._restorer = Consumer(
             {
                 **config,
@@ -498,7 +499,9 @@ class KafkaLog(Transactions):
     def _high_watermarks(self, topic: str, partitions: list[int]) -> dict[int, int]:
         """Each partition's high watermark, past every record written, committed or not (a
         read_committed consumer's watermarks stop at the last stable offset)."""
-        admin = AdminClient(dict(self._config))
+        if self._admin is None:  # one, kept: a new one per restore costs a connection
+            self._admin = AdminClient(dict(self._config))
+        admin = self._admin
         latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
         asked = {TopicPartition(topic, p): latest for p in partitions}
         futures = admin.list_offsets(
