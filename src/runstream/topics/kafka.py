@@ -325,7 +325,6 @@ class KafkaLog(Transactions):
                 "fetch.wait.max.ms": 50,
             }
         )
-        self._admin: AdminClient | None = None  # for the high watermarks, made when asked
         self._restorer = Consumer(
             {
                 **config,
@@ -499,9 +498,9 @@ class KafkaLog(Transactions):
     def _high_watermarks(self, topic: str, partitions: list[int]) -> dict[int, int]:
         """Each partition's high watermark, past every record written, committed or not (a
         read_committed consumer's watermarks stop at the last stable offset)."""
-        if self._admin is None:  # one, kept: a new one per restore costs a connection
-            self._admin = AdminClient(dict(self._config))
-        admin = self._admin
+        # A new client per call: one kept across a broker's restart asks with stale
+        # metadata and is refused (FENCED_LEADER_EPOCH), as the chaos test found.
+        admin = AdminClient(dict(self._config))
         latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
         asked = {TopicPartition(topic, p): latest for p in partitions}
         futures = admin.list_offsets(
