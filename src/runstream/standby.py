@@ -27,6 +27,7 @@ from runstream.schemas.codec import Codec
 from runstream.topics.admin import Config
 from runstream.topics.catchup import PartitionReader
 from runstream.topics.groups import assignments
+from runstream.topics.kafka import KafkaLog
 
 log = logging.getLogger("runstream.standby")
 
@@ -78,6 +79,22 @@ class Standbys:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="runstream-standby", daemon=True)
         self.applied = 0  # facts applied since the start (for logs and tests)
+
+    @classmethod
+    def of(cls, engine_log: KafkaLog, state_dir: Path, replicas: int) -> Standbys:
+        """The standbys of the instance whose log is ``engine_log``, started."""
+        topics = engine_log.topics
+        standbys = cls(
+            engine_log.config,
+            engine_log.group_id,
+            engine_log.client_id,
+            topics.commands,
+            topics.journal,
+            state_dir,
+            replicas,
+        )
+        standbys.start()
+        return standbys
 
     def start(self) -> None:
         self._thread.start()

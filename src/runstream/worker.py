@@ -156,16 +156,7 @@ class Worker:
         if self._log is None or not self._log.start(self, self._stopping.is_set):
             return None
         if self.settings.standbys and isinstance(self._log, KafkaLog):
-            self._owned.standbys = Standbys(
-                self._log.config,
-                self._log.group_id,
-                self._log.client_id,
-                self.topics.commands,
-                self.topics.journal,
-                self.state_dir,
-                self.settings.standbys,
-            )
-            self._owned.standbys.start()
+            self._owned.standbys = Standbys.of(self._log, self.state_dir, self.settings.standbys)
         self._snapshots = Snapshots(
             self._log.state_topic,
             s.snapshot_interval,

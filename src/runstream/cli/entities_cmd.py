@@ -5,7 +5,8 @@ running engine) answers `show` and `read`."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -13,7 +14,25 @@ from runstream.cli import options
 from runstream.cli.options import emit, json_output, namespace, wait_option
 from runstream.client import Client
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 _wait = wait_option(5.0, "the key's owner to answer")
+
+
+def _handler_call(fn: F) -> F:
+    """NAME KEY HANDLER [ARG], -n and --bootstrap: what `call` and `read` both take."""
+    for option in reversed(
+        (
+            click.argument("name"),
+            click.argument("key"),
+            click.argument("handler"),
+            click.argument("arg", required=False),
+            namespace,
+            options.bootstrap,
+        )
+    ):
+        fn = option(fn)
+    return fn
 
 
 @click.group()
@@ -50,12 +69,7 @@ def show(
 
 
 @entities.command()
-@click.argument("name")
-@click.argument("key")
-@click.argument("handler")
-@click.argument("arg", required=False)
-@namespace
-@options.bootstrap
+@_handler_call
 @click.option("--call-id", default=None, help="Idempotency: the same id is the same call.")
 @wait_option(30.0, "the call's result")
 @json_output
@@ -80,12 +94,7 @@ def call(
 
 
 @entities.command()
-@click.argument("name")
-@click.argument("key")
-@click.argument("handler")
-@click.argument("arg", required=False)
-@namespace
-@options.bootstrap
+@_handler_call
 @_wait
 @json_output
 def read(
