@@ -109,19 +109,29 @@ class Processes:
     def note(self, pid: int, began: float) -> None:
         self.faulted.setdefault(pid, []).append((began, time.time()))
 
-    def stop(self) -> list[int | None]:
-        procs = [*self.engines.values(), self.worker]
-        for proc in procs:
+    def stop(self) -> list[str]:
+        """SIGTERM to every process; what went wrong in the stop of each, if anything."""
+        procs = {**self.engines, "tasks": self.worker}
+        for proc in procs.values():
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
-        exits = []
-        for proc in procs:
+        problems = []
+        for name, proc in procs.items():
             try:
-                exits.append(proc.wait(60))
+                code = proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                exits.append(None)
-        return exits
+                problems.append(f"{name} did not stop within 60 s of SIGTERM")
+                continue
+            if code != 0:
+                problems.append(f"{name} exited {code} at the end: {self._last_words(name)}")
+        return problems
+
+    def _last_words(self, name: str) -> str:
+        """The last CRITICAL or ERROR line of a process's log (why it ended)."""
+        lines = (self.out / f"{name}.log").read_text(errors="replace").splitlines()
+        said = [line for line in lines if "CRITICAL" in line or "ERROR" in line]
+        return said[-1] if said else "(nothing logged)"
 
 
 class Nemesis:
@@ -312,7 +322,7 @@ def run(
         outputs, settled = _settle(bootstrap, ns, load.started)
         survivors = {pid for name in ENGINES if (pid := procs.engine_pid(name)) is not None}
         survivors.add(procs.worker.pid)
-        exits = procs.stop()
+        stopped = procs.stop()
         procs_faulted = procs.faulted
         report = audit(bootstrap, ns, expect_finished=True)
         journal = check.read_journal(bootstrap, ns)
@@ -329,7 +339,7 @@ def run(
     violations += found
     violations += check.events(journal, [run_id(i) for i in load.started])
     violations += tailed
-    violations += [f"engine or task worker exited {e} at the end" for e in exits if e != 0]
+    violations += stopped
     figures["settled after the last fault"] = f"{settled:.0f}s"
     figures["journal records seen by the live tail"] = len(tail.seen)
     return Result(len(load.started), nemesis.faults, violations, figures)

@@ -14,17 +14,51 @@ from runstream.topics.watchdog import Watchdog
 
 
 @pytest.fixture
-def short_grace(monkeypatch: pytest.MonkeyPatch) -> float:
-    monkeypatch.setattr(watchdog, "STOP_GRACE", 0.3)
+def short_grace() -> float:
     return 0.3
 
 
 def test_a_call_blocked_past_the_stop_grace_is_abandoned(short_grace, caplog):
     dog = Watchdog(exit_on_hang=False)
-    with caplog.at_level(logging.CRITICAL), dog.watch("commit_transaction", 45):
+    with caplog.at_level(logging.CRITICAL), dog.watch("commit_transaction", 45, short_grace):
         dog.stop_requested()
         time.sleep(short_grace + 0.4)
     assert "abandoned commit_transaction" in caplog.text
+
+
+def test_a_call_with_a_longer_grace_outlives_a_shorter_one(short_grace, caplog):
+    """A transaction's commit at a stop records the steps that ended in the drain: it
+    gets longer than a read (CI's chaos run saw one abandoned on a loaded machine)."""
+    dog = Watchdog(exit_on_hang=False)
+    with caplog.at_level(logging.CRITICAL):
+        with dog.watch("commit_transaction", 45, short_grace * 4):
+            dog.stop_requested()
+            time.sleep(short_grace + 0.4)
+        assert "abandoned" not in caplog.text
+        with dog.watch("committed", 45, short_grace):
+            time.sleep(short_grace + 0.4)
+    assert "abandoned committed" in caplog.text
+
+
+def test_the_outcome_of_a_transaction_gets_the_record_grace():
+    assert watchdog.RECORD_GRACE > watchdog.STOP_GRACE
+    from runstream.topics import txn
+
+    watched: list[float] = []
+
+    class Dog(Watchdog):
+        def watch(self, what, limit, grace=watchdog.STOP_GRACE):  # type: ignore[override]
+            watched.append(grace)
+            return super().watch(what, limit, grace)
+
+    class Producer(txn.Transactions):
+        def __init__(self) -> None:
+            self.watchdog = Dog(exit_on_hang=False)
+
+    producer = Producer()
+    producer._transact("commit_transaction", lambda: None)
+    producer._must("begin_transaction", lambda: None)
+    assert watched == [watchdog.RECORD_GRACE, watchdog.STOP_GRACE]
 
 
 def test_a_call_begun_after_the_stop_gets_its_own_grace(short_grace, caplog):
@@ -35,7 +69,7 @@ def test_a_call_begun_after_the_stop_gets_its_own_grace(short_grace, caplog):
     time.sleep(short_grace + 0.2)
     with caplog.at_level(logging.CRITICAL):
         for _ in range(3):
-            with dog.watch("commit_transaction", 45):
+            with dog.watch("commit_transaction", 45, short_grace):
                 time.sleep(short_grace / 2)
     assert "abandoned" not in caplog.text
 

@@ -36,7 +36,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from runstream.errors import KafkaFatal
 from runstream.topics.base import TransactionAborted
-from runstream.topics.watchdog import Watchdog
+from runstream.topics.watchdog import RECORD_GRACE, STOP_GRACE, Watchdog
 
 log = logging.getLogger("runstream.kafka")
 
@@ -145,14 +145,14 @@ class Transactions:
                 recreated) and did not commit; the consumer is rewound: redo the batch.
             KafkaFatal: the producer is unusable (the process ends first when it may).
         """
-        failed = self._attempt(what, call, limit)
+        failed = self._attempt(what, call, limit, RECORD_GRACE)
         if failed is not None:
             self._act(what, *failed)
 
     def _attempt(
-        self, what: str, call: Callable[[], object], limit: float
+        self, what: str, call: Callable[[], object], limit: float, grace: float = STOP_GRACE
     ) -> tuple[Action, KafkaError] | None:
-        with self.watchdog.watch(what, limit):
+        with self.watchdog.watch(what, limit, grace):
             while True:
                 try:
                     call()

@@ -5,9 +5,10 @@ coordinator dies at the wrong moment (librdkafka issues 5456 and 5511). Nothing 
 cancel the call, and a hung instance sits on its partitions. Exiting is safe: nothing
 uncommitted counts, and the supervisor of `runstream worker` starts the instance again,
 which aborts the open transaction. After a stop request (SIGTERM) a call may block for
-`STOP_GRACE` seconds at most, counted from the later of its start and the request, so a
-stop never waits on a broker that is gone, and the transactions that record the steps
-still running at the stop each get the grace.
+its grace at most, counted from the later of its start and the request, so a stop never
+waits on a broker that is gone: `STOP_GRACE` for most calls, `RECORD_GRACE` for those
+of a transaction's outcome (they record the steps that ended during the drain and the
+handover, and a loaded machine with a slow replica can take seconds to commit one).
 
 Exit statuses (documented in docs/guides/deploying.md):
 """
@@ -31,6 +32,8 @@ EXIT_ABANDONED = 76
 EXIT_FATAL = 77
 #: After a stop request, how long a blocked Kafka call may still take.
 STOP_GRACE = 1.5
+#: The same for a call that decides a transaction's outcome (produce, offsets, commit).
+RECORD_GRACE = 10.0
 
 __doc__ += f"""
 - 0: stopped on request, everything in hand recorded;
@@ -48,25 +51,26 @@ class Watchdog:
 
     def __init__(self, exit_on_hang: bool = True) -> None:
         self.exit_on_hang = exit_on_hang
-        self._blocked: tuple[str, float, float] | None = None  # what, since, deadline
+        self._blocked: tuple[str, float, float, float] | None = None  # what, since, deadline, grace
         self._stopped_at: float | None = None
         self._thread: threading.Thread | None = None
 
     @contextlib.contextmanager
-    def watch(self, what: str, limit: float) -> Iterator[None]:
-        """Bracket a blocking Kafka call that must return within ``limit`` seconds."""
+    def watch(self, what: str, limit: float, grace: float = STOP_GRACE) -> Iterator[None]:
+        """Bracket a blocking Kafka call that must return within ``limit`` seconds, and
+        within ``grace`` seconds of a stop request."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
             self._thread.start()
         now = time.monotonic()
-        self._blocked = (what, now, now + limit)
+        self._blocked = (what, now, now + limit, grace)
         try:
             yield
         finally:
             self._blocked = None
 
     def stop_requested(self) -> None:
-        """From now on, a call gets `STOP_GRACE` seconds at most."""
+        """From now on, a call gets its grace at most."""
         if self._stopped_at is None:
             self._stopped_at = time.monotonic()
 
@@ -76,9 +80,9 @@ class Watchdog:
             blocked, now = self._blocked, time.monotonic()
             if blocked is None:
                 continue
-            what, since, deadline = blocked
+            what, since, deadline, grace = blocked
             stopped_at = self._stopped_at
-            if stopped_at is not None and now - max(since, stopped_at) > STOP_GRACE:
+            if stopped_at is not None and now - max(since, stopped_at) > grace:
                 self._exit(EXIT_ABANDONED, f"stopping: abandoned {what}, which did not return")
             elif now > deadline:
                 self._exit(EXIT_HUNG, f"{what} did not return; exiting so this instance restarts")
