@@ -40,25 +40,41 @@ def test_a_call_with_a_longer_grace_outlives_a_shorter_one(short_grace, caplog):
     assert "abandoned committed" in caplog.text
 
 
-def test_the_outcome_of_a_transaction_gets_the_record_grace():
-    assert watchdog.RECORD_GRACE > watchdog.STOP_GRACE
+class _Dog(Watchdog):
+    """Says the grace each call was watched with."""
+
+    def __init__(self) -> None:
+        super().__init__(exit_on_hang=False)
+        self.graces: list[float] = []
+
+    def watch(self, what, limit, grace=watchdog.STOP_GRACE):  # type: ignore[override]
+        self.graces.append(grace)
+        return super().watch(what, limit, grace)
+
+
+def test_the_outcome_of_a_transaction_gets_the_drain_grace():
+    assert watchdog.DRAIN_GRACE > watchdog.STOP_GRACE
     from runstream.topics import txn
-
-    watched: list[float] = []
-
-    class Dog(Watchdog):
-        def watch(self, what, limit, grace=watchdog.STOP_GRACE):  # type: ignore[override]
-            watched.append(grace)
-            return super().watch(what, limit, grace)
 
     class Producer(txn.Transactions):
         def __init__(self) -> None:
-            self.watchdog = Dog(exit_on_hang=False)
+            self.watchdog = _Dog()
 
     producer = Producer()
     producer._transact("commit_transaction", lambda: None)
     producer._must("begin_transaction", lambda: None)
-    assert watched == [watchdog.RECORD_GRACE, watchdog.STOP_GRACE]
+    assert producer.watchdog.graces == [watchdog.DRAIN_GRACE, watchdog.STOP_GRACE]
+
+
+def test_a_restore_read_gets_the_drain_grace():
+    """A stop during a restore lets its read finish, then hands the partitions already
+    owned over (an abandoned read ended the instance with 76 and no handover)."""
+    from runstream.topics.kafka import KafkaLog
+
+    engine_log = object.__new__(KafkaLog)  # no Kafka needed: only the watch is asked
+    engine_log.watchdog = dog = _Dog()
+    assert engine_log._asking("committed", "reading offsets", lambda: 7) == 7
+    assert dog.graces == [watchdog.DRAIN_GRACE]
 
 
 def test_a_call_begun_after_the_stop_gets_its_own_grace(short_grace, caplog):

@@ -61,7 +61,7 @@ from runstream.topics.blobstore import blobs_topic_ready
 from runstream.topics.logs import last_error
 from runstream.topics.spec import Topics
 from runstream.topics.txn import Action, Transactions, classify, evidence
-from runstream.topics.watchdog import Watchdog
+from runstream.topics.watchdog import DRAIN_GRACE, Watchdog
 
 T = TypeVar("T")
 
@@ -397,9 +397,11 @@ class KafkaLog(Transactions):
     def _asking(self, call: str, what: str, ask: Callable[[], T]) -> T:
         """``ask()``, asked again while Kafka's answer is `transient` (a broker paused, a
         coordinator or a leader moving); past a minute the instance ends with
-        KafkaUnavailable, and its supervisor starts it again."""
+        KafkaUnavailable, and its supervisor starts it again. A stop lets a question
+        under way finish (`DRAIN_GRACE`): a restore then ends, and the partitions already
+        owned are handed over instead of abandoned."""
         deadline = time.monotonic() + 60
-        with self.watchdog.watch(call, 75):
+        with self.watchdog.watch(call, 75, DRAIN_GRACE):
             while True:
                 try:
                     return ask()

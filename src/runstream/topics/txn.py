@@ -36,7 +36,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from runstream.errors import KafkaFatal
 from runstream.topics.base import TransactionAborted
-from runstream.topics.watchdog import RECORD_GRACE, STOP_GRACE, Watchdog
+from runstream.topics.watchdog import DRAIN_GRACE, STOP_GRACE, Watchdog
 
 log = logging.getLogger("runstream.kafka")
 
@@ -145,7 +145,7 @@ class Transactions:
                 recreated) and did not commit; the consumer is rewound: redo the batch.
             KafkaFatal: the producer is unusable (the process ends first when it may).
         """
-        failed = self._attempt(what, call, limit, RECORD_GRACE)
+        failed = self._attempt(what, call, limit, DRAIN_GRACE)
         if failed is not None:
             self._act(what, *failed)
 

@@ -6,9 +6,11 @@ cancel the call, and a hung instance sits on its partitions. Exiting is safe: no
 uncommitted counts, and the supervisor of `runstream worker` starts the instance again,
 which aborts the open transaction. After a stop request (SIGTERM) a call may block for
 its grace at most, counted from the later of its start and the request, so a stop never
-waits on a broker that is gone: `STOP_GRACE` for most calls, `RECORD_GRACE` for those
-of a transaction's outcome (they record the steps that ended during the drain and the
-handover, and a loaded machine with a slow replica can take seconds to commit one).
+waits on a broker that is gone: `STOP_GRACE` for most calls, `DRAIN_GRACE` for those
+the drain depends on: a transaction's outcome (it records the steps that ended during the
+drain and the handover; a loaded machine with a slow replica can take seconds to commit
+one) and the reads of a restore under way (the partitions already owned are handed over
+once it returns, which an abandoned read would deny them).
 
 Exit statuses (documented in docs/guides/deploying.md):
 """
@@ -32,8 +34,8 @@ EXIT_ABANDONED = 76
 EXIT_FATAL = 77
 #: After a stop request, how long a blocked Kafka call may still take.
 STOP_GRACE = 1.5
-#: The same for a call that decides a transaction's outcome (produce, offsets, commit).
-RECORD_GRACE = 10.0
+#: The same for a call the drain depends on (a transaction's outcome, a restore's read).
+DRAIN_GRACE = 10.0
 
 __doc__ += f"""
 - 0: stopped on request, everything in hand recorded;
