@@ -51,6 +51,10 @@ def make_app(ns: str, bootstrap: str | None = None, **kw: Any) -> runstream.App:
             ctx.state.set("balance", -1_000_000)
             raise ValueError(f"no overdraft for {ctx.key}")
 
+        async def via_payer(ctx: runstream.EntityContext, arg: dict) -> int:
+            """Deposits to ``arg["key"]`` through a child workflow (a cycle: its own)."""
+            return int(await ctx.child("payer", arg))
+
         @runstream.shared
         def balance(ctx: runstream.SharedContext, _: None) -> int:
             return int(ctx.state.get("balance", 0))
@@ -67,6 +71,10 @@ def make_app(ns: str, bootstrap: str | None = None, **kw: Any) -> runstream.App:
     @app.workflow
     async def payer(ctx: runstream.Context, job: dict) -> int:
         return int(await ctx.entity("ledger", job["key"]).call("deposit", job))
+
+    @app.workflow
+    async def peeker(ctx: runstream.Context, key: str) -> int:
+        return int(await ctx.entity("ledger", key).read("balance"))
 
     @app.workflow
     async def auditor(ctx: runstream.Context, key: str) -> int:

@@ -1,15 +1,22 @@
 """A workflow's shared read of an entity's key (`EntityRef.read`) against the broker:
-exactly once across a SIGKILL of the workflow's owner between the ask and the answer
-(its app: `entity_app.py`)."""
+exactly once across a SIGKILL of the workflow's owner between the ask and the answer,
+never behind an exclusive call; and a call cycle through a child workflow refused (its
+app: `entity_app.py`)."""
 
 from __future__ import annotations
 
 from collections import Counter
+from types import SimpleNamespace
 
+import pytest
+
+import runstream
 from runstream.audit import check_run
 
+from .entity_app import make_app
 from .kit import (
     PARTITIONS,
+    ThreadWorker,
     client_or_none,
     journal_facts,
     owns,
@@ -52,3 +59,41 @@ def test_a_read_whose_owner_is_killed_between_ask_and_answer_is_recorded_once(
     names = Counter(type(f).__name__ for f in facts)
     assert names["PromiseCreated"] == 1 and names["PromiseCompleted"] == 1, names
     assert check_run(facts) == []
+
+
+@pytest.fixture
+def engine(kafka_bootstrap, ns, tmp_path, monkeypatch):
+    log, gate = tmp_path / "steps.log", tmp_path / "gate"
+    monkeypatch.setenv("RUNSTREAM_TEST_STEP_LOG", str(log))
+    monkeypatch.setenv("RUNSTREAM_TEST_GATE", str(gate))
+    monkeypatch.delenv("RUNSTREAM_TEST_KILL_ONCE", raising=False)
+    worker = ThreadWorker(make_app(ns, kafka_bootstrap), tmp_path / "state")
+    client = wait_for(lambda: client_or_none(ns, kafka_bootstrap), what="the worker's topics")
+    yield SimpleNamespace(client=client, log=log, gate=gate)
+    client.close()
+    worker.stop()
+
+
+def test_a_workflows_read_never_waits_behind_a_call_holding_the_key(engine):
+    client, gate = engine.client, engine.gate
+    ann = client.entity("ledger", "ann")
+    gate.touch()
+    assert ann.call("deposit", {"call": "d0", "amount": 5}) == 5
+    gate.unlink()  # the next deposit holds the key in its step until the gate is back
+    held = ann.start("deposit", {"call": "d1", "amount": 7}, call_id="d1")
+    wait_for(lambda: ann.show(timeout=10)["in_progress"] == [held], what="d1 to hold ann")
+    assert client.result(client.start("peeker", "ann"), timeout=30) == 5
+    assert client.result(client.start("peeker", "nobody"), timeout=30) == 0
+    gate.touch()
+    assert client.result(held, timeout=30)["result"] == 12
+
+
+def test_a_cycle_through_a_child_workflow_is_refused_and_frees_the_key(engine):
+    engine.gate.touch()
+    ann = engine.client.entity("ledger", "ann")
+    with pytest.raises(
+        runstream.RunFailed, match=r"call cycle: ledger\['ann'\] -> ledger\['ann'\]"
+    ):
+        ann.call("via_payer", {"key": "ann", "call": "c", "amount": 1}, timeout=30)
+    assert ann.call("via_payer", {"key": "bob", "call": "c", "amount": 3}, timeout=30) == 3
+    assert ann.call("deposit", {"call": "d", "amount": 2}, timeout=30) == 2
