@@ -15,8 +15,10 @@ from runstream.schemas.records import (
     TO_RUN,
     CompletePromise,
     LiveQuery,
+    Pause,
     Retry,
     Signal,
+    Unpause,
     Update,
     entity_call_id,
     entity_lock_id,
@@ -243,6 +245,24 @@ def test_a_duplicate_answer_or_one_after_a_cancel_or_continue_as_new_is_dropped(
     again = CompletePromise("d", f"d/promise/{done.seq}", value=b"5", read=True)
     core.command(again)  # a redriven ask's second answer
     assert not core.dead and output(core, "d") == 0
+
+
+def test_a_paused_runs_answer_is_kept_till_its_unpause_and_a_duplicate_start_asks_once():
+    core = Core(app.registry)
+    core.start("w", "reads", "count")
+    core.start("w", "reads", "count")  # the same StartRun again
+    held = pump(core, keep=LiveQuery)
+    assert len(held) == 1
+    core.command(Pause("w", "look", by="ops"))
+    for q in held:
+        core.command(q)
+    pump(core)
+    assert core.state("w").status == "paused" and core.facts("w", "PromiseCompleted")
+    core.command(Unpause("w", "go", by="ops"))
+    pump(core)
+    assert output(core, "w") == 0 and asked == ["ann"]
+    waits = [e.reason for e in core.lifecycle if e.run_id == "w" and e.reason]
+    assert "waiting for the answer of 'count' of '~limit/entity:cart/ann'" in waits
 
 
 def test_a_read_in_flight_when_its_run_times_out_is_kept_for_the_runs_retry():

@@ -10,9 +10,10 @@ evaluated on the state as committed, answered at once, no fact. A workflow's sha
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from runstream.engine import payload
+from runstream.engine import lifecycle, payload
 from runstream.engine.entities import SHOW, EntityDef, load_state
 from runstream.engine.replay import EntityRead
 from runstream.engine.replay import _op as op_name
@@ -88,6 +89,8 @@ def ask(b: Batch, st: RunState, read: EntityRead) -> None:
         sent_at_ms=b.now,
     )
     b.effects.commands.append(asked)
+    why = f"waiting for the answer of {read.handler!r} of {read.lock!r}"
+    b.effects.lifecycle.append(replace(lifecycle.awaiting_promise(st, read.seq, b.now), reason=why))
 
 
 def reply(b: Batch, cmd: LiveQuery, answer: QueryAnswer) -> None:
