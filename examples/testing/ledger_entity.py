@@ -41,3 +41,10 @@ class Account:
 async def payday(ctx: runstream.Context, accounts: list[str]) -> list[int]:
     """Pays 100 into each account, one call after the other (each journaled once)."""
     return [await ctx.entity("account", a).call("deposit", 100) for a in accounts]
+
+
+@app.workflow()
+async def statement(ctx: runstream.Context, accounts: list[str]) -> int:
+    """The total of the accounts' balances: shared reads, each answered once and recorded
+    (a replay returns the same figures)."""
+    return sum([await ctx.entity("account", a).read("balance") for a in accounts])

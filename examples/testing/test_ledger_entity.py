@@ -22,3 +22,9 @@ def test_a_workflow_pays_each_account_once():
     t = WorkflowTester(app)
     assert t.start("payday", ["ann", "bob"]).result() == [100, 100]
     assert t.entity("account", "bob").show()["state"] == {"balance": 100}
+
+
+def test_a_workflow_reads_balances_without_waiting_for_calls():
+    t = WorkflowTester(app)
+    t.start("payday", ["ann", "bob"]).result()
+    assert t.start("statement", ["ann", "bob", "eve"]).result() == 200  # eve: never written

@@ -184,7 +184,7 @@ FIELDS = {
     "PermitRequested": [*_FACT, "seq", "limit", "attempt", "request_id"],
     "PermitReceived": [*_FACT, "seq", "limit", "attempt", "granted", "reason", "value"],
     "Query": ["run_id", "request_id", "reply_to", "wait"],
-    "CompletePromise": ["run_id", "promise_id", "value", "error", "sent_at_ms"],
+    "CompletePromise": ["run_id", "promise_id", "value", "error", "sent_at_ms", "read"],
     "LiveQuery": ["run_id", "request_id", "reply_to", "name", "arg", "sent_at_ms"],
     "RunStarted": [
         *_FACT,

@@ -33,7 +33,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from runstream import App
+from runstream import App, shared
 from runstream.audit import check_run
 from runstream.engine import payload
 from runstream.engine.entities import call_input
@@ -285,6 +285,10 @@ class Tally:
         ctx.state.set("calls", int(ctx.state.get("calls", 0)) + 1)
         return total
 
+    @shared
+    def total(ctx: Any, _: None) -> list[int]:
+        return [int(ctx.state.get("sum", 0)), int(ctx.state.get("calls", 0))]
+
 
 @app.workflow
 async def caller(ctx: Any, n: int) -> int:
@@ -292,9 +296,19 @@ async def caller(ctx: Any, n: int) -> int:
     return int(await ctx.entity("tally", str(n % 2)).call("add", n))
 
 
+@app.workflow
+async def reader(ctx: Any, n: int) -> list[int]:
+    """Reads the entity's key ``n % 2`` with a shared handler (asked once, its answer a
+    fact), then records what it read in a step."""
+    seen = await ctx.entity("tally", str(n % 2)).read("total")
+    await ctx.step(work, seen[1])
+    return list(seen)
+
+
 ENGINE_LOG = logging.getLogger("runstream.engine")
 WORKFLOWS = (
     "saga", "waiter", "chain", "keyed", "parent", "promised", "published", "updatable", "caller",
+    "reader",
 )  # fmt: skip
 HOW = hs.sampled_from(["ok", "retryable", "terminal"])
 INDEX = hs.integers(0, 1_000)
@@ -493,6 +507,26 @@ def entity_problems(shell: Shell) -> list[str]:
         got = (value.get("sum", 0), value.get("calls", 0))
         if got != want.get(key, (0, 0)):
             out.append(f"tally[{key}]: holds (sum, calls) {got}, its completed calls {want[key]}")
+    return out
+
+
+def reader_problems(shell: Shell) -> list[str]:
+    """At rest, a completed read returned the one answer its run recorded, a state its
+    key held: no more than the key holds at the end (its sums and counts only grow)."""
+    out = []
+    for run_id in shell.runs():
+        st = shell.run_state(run_id)
+        if st.workflow != "reader" or st.status != Status.COMPLETED:
+            continue
+        answers = [f for f in shell.facts(run_id) if isinstance(f, PromiseCompleted)]
+        if len(answers) != 1 or shell.value(answers[0].value) != shell.value(st.output):
+            out.append(f"{run_id}: returned {shell.value(st.output)}, its answers {answers}")
+            continue
+        seen = shell.value(st.output)
+        lock = shell.state(entity_lock_id("tally", str(shell.value(st.input) % 2)))
+        value = shell.value(lock.value) if isinstance(lock, LimitState) and lock.value else {}
+        if seen[0] > value.get("sum", 0) or seen[1] > value.get("calls", 0):
+            out.append(f"{run_id}: read {seen}, more than its key ever held ({value})")
     return out
 
 
@@ -938,6 +972,7 @@ class CoreModel(RuleBasedStateMachine):
         assert not (p := witness_problems(shell, at_rest=True)), told(p)
         assert not (p := update_problems(shell, shell.by_run, at_rest=True)), told(p)
         assert not (p := entity_problems(shell)), told(p)
+        assert not (p := reader_problems(shell)), told(p)
 
 
 class Progress:

@@ -15,20 +15,28 @@ An entity ``cart`` has handlers and, per key, a state: a JSON object of named en
 
 A shared handler reads the state the limit holds, on its owner, inside the decision
 (`rules.entities.shared`): it never waits behind an exclusive call and records nothing.
+A workflow's read (`EntityRef.read`) is the same call, its answer recorded in the
+workflow's journal as the outcome of a promise (`rules.entities.ask`).
+
+A call cycle is refused at its start (`CallCycle`): each call carries the chain of keys
+its callers hold, in its input; a workflow started by a handler (a child that ends with
+it) carries the chain in a header (`CHAIN_HEADER`), and passes it to its own children
+and calls.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Awaitable, Callable, Iterable
+import json
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from runstream.engine import payload
 from runstream.engine.workflow import WorkflowDef, workflow_def
-from runstream.schemas.records import entity_workflow
+from runstream.schemas.records import entity_lock_id, entity_workflow
 
 if TYPE_CHECKING:
     from runstream.engine.replay import Context
@@ -44,8 +52,27 @@ SHOW = "~show"
 ENTITY_STATE_MAX_BYTES = 256 * 1024
 
 
+#: The run header that carries the keys held by the entity calls a workflow was started
+#: by (JSON ``[[entity, key], ...]``), so that a call it makes to one of them is refused
+#: as a cycle. Runs' headers go to their children (not to abandoned ones: they may
+#: outlive the call and take the key in their turn).
+CHAIN_HEADER = "runstream-entity-chain"
+
+
 class CallCycle(Exception):
     """An exclusive call would wait for a key its own chain of callers holds."""
+
+
+def chain_of(headers: Mapping[str, str]) -> list[list[str]]:
+    """The keys a run's callers hold (`CHAIN_HEADER`); none if absent or malformed."""
+    try:
+        chain = json.loads(headers.get(CHAIN_HEADER, "[]"))
+    except ValueError:
+        return []
+    ok = isinstance(chain, list) and all(
+        isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c) for c in chain
+    )
+    return chain if ok else []
 
 
 class EntityState:
@@ -126,6 +153,25 @@ class EntityContext:
         """`Context.random`."""
         return self._ctx.random()
 
+    async def child(self, workflow: Callable[..., Any] | str, input: Any = None) -> Any:
+        """`Context.child`: a child run, awaited. It carries the keys this call holds
+        (`CHAIN_HEADER`): a call it makes to one of them is refused as a cycle."""
+        return await self._ctx.child(workflow, input)
+
+    async def start_child(
+        self,
+        workflow: Callable[..., Any] | str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        parent_close: str = "request_cancel",
+    ) -> Any:
+        """`Context.start_child`: a child run, not awaited. Unless ``abandon``ed (then it
+        may outlive the call), it carries the keys this call holds, as `child` does."""
+        return await self._ctx.start_child(
+            workflow, input, run_id=run_id, parent_close=parent_close
+        )
+
     def entity(self, name: str, key: str) -> EntityRef:
         """Another entity's key: a call to it carries this key, so a cycle fails fast."""
         return EntityRef(self._ctx, name, key, self._chain)
@@ -153,6 +199,15 @@ class EntityRef:
         call = call_input(self._key, handler, arg, self._chain)
         out = await self._ctx.child(entity_workflow(self._name), call)
         return out["result"]
+
+    async def read(self, handler: str, arg: Any = None) -> Any:
+        """What shared handler ``handler`` returns for ``arg`` on the key's state as last
+        committed (never behind an exclusive call), recorded in the journal the first
+        time: a replay returns the recorded answer, never asks again. The ask waits in
+        the log while the key's partition has no owner. Raises `QueryFailed` if the
+        handler raised or does not exist (the run may catch it, or fails)."""
+        asked = {"entity": self._name, "key": self._key, "arg": arg}
+        return await self._ctx._read(entity_lock_id(self._name, self._key), handler, asked)
 
 
 def call_input(key: str, handler: str, arg: Any, chain: Iterable[Any] = ()) -> dict[str, Any]:
@@ -182,6 +237,7 @@ class EntityDef:
             key = call["key"]
             state = EntityState(load_state(ctx._state.permit_value))
             chain = [*call.get("chain", []), [self.name, key]]
+            ctx.headers[CHAIN_HEADER] = json.dumps(chain)  # to the children it starts
             ectx = EntityContext(ctx, self.name, key, state, chain)
             result = await handler(ectx, call.get("arg"))
             size = len(payload.dumps(state._entries))

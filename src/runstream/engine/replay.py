@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from runstream.engine import payload
-from runstream.engine.entities import EntityRef
+from runstream.engine.entities import CHAIN_HEADER, EntityRef, chain_of
 from runstream.engine.interceptors import (
     ActivationInput,
     ChildInput,
@@ -138,7 +138,19 @@ class PromiseWait:
     seq: int  # the promise's: its completion (or its timeout) settles the wait
 
 
-Request = StepCall | SleepCall | SignalWait | ChildCall | EventWait | PromiseWait
+@dataclass(frozen=True, slots=True)
+class EntityRead:
+    """A shared read of an entity's key (`EntityRef.read`): asked once, as a promise of
+    the run (``promise_id``) that the key's lock completes with the handler's answer."""
+
+    seq: int
+    promise_id: str
+    lock: str  # the key's lock (`records.entity_lock_id`): its owner answers
+    handler: str
+    arg: bytes  # JSON: {"entity", "key", "arg"}, as a client's shared call
+
+
+Request = StepCall | SleepCall | SignalWait | ChildCall | EventWait | PromiseWait | EntityRead
 
 #: What happens to a child if its parent ends first (`Context.start_child`).
 PARENT_CLOSE = ("request_cancel", "terminate", "abandon")
@@ -296,7 +308,7 @@ def requested_op(request: Request) -> str:
             return f"child {request.workflow}"
         case EventWait():
             return f"event {request.name}"
-        case PromiseWait():
+        case PromiseWait() | EntityRead():
             return "promise"
 
 
@@ -511,6 +523,9 @@ class Context:
         parent_close: str,
     ) -> ChildInput:
         name, seq = self._registry.workflow_name(workflow), self._peek()
+        headers = dict(self.headers)
+        if parent_close == "abandon":  # it may outlive an entity call that started it
+            headers.pop(CHAIN_HEADER, None)
         return ChildInput(
             self.run_id,
             seq,
@@ -519,7 +534,7 @@ class Context:
             run_id,
             awaited,
             parent_close,
-            dict(self.headers),
+            headers,
             self._opened_at(seq),
             self.is_replaying,
             self._state.retries + 1,
@@ -679,7 +694,21 @@ class Context:
     def entity(self, name: str, key: str) -> EntityRef:
         """Key ``key`` of durable entity ``name`` (`App.entity`):
         ``await ctx.entity("cart", key).call("add", item)`` is a journaled call."""
-        return EntityRef(self, name, key)
+        return EntityRef(self, name, key, chain_of(self.headers))
+
+    async def _read(self, lock: str, handler: str, asked: Any) -> Any:
+        """A shared entity read (`EntityRef.read`): asked the first time, its answer a
+        fact (`PromiseCompleted`) a replay returns. Raises `QueryFailed` with the
+        handler's error."""
+        seq = self._next()
+        fact = self._recorded(seq, "promise")
+        while not isinstance(fact, PromiseCompleted):
+            pid = promise_id(self.run_id, seq)
+            await _Suspend(EntityRead(seq, pid, lock, handler, payload.dumps(asked)))
+            fact = self._recorded(seq, "promise")
+        if fact.error is not None:
+            raise QueryFailed(fact.error)
+        return payload.loads(fact.value or b"null")
 
     def continue_as_new(self, input: Any = None) -> None:
         """End this run and start ``<run_id>~N`` with ``input`` and a fresh history."""

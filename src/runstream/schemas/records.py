@@ -498,6 +498,7 @@ class CompletePromise(Record):
     value: bytes | None = None  # resolved with this JSON
     error: str | None = None  # rejected with this message (the value is ignored)
     sent_at_ms: int = 0
+    read: bool = False  # an entity's answer to a workflow's shared read (`rules.entities`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -510,6 +511,12 @@ class Query(Record):
 
 
 # -- queries (issue 21 item 2): a live query of a run's @query handler ---------------
+
+
+#: The ``reply_to`` of a `LiveQuery` a run sends to read an entity's key
+#: (`EntityRef.read`): its answer is a `CompletePromise` of ``request_id``, the run's
+#: promise, on the commands topic, rather than a `QueryAnswer` on the replies topic.
+TO_RUN = "~run"
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from runstream.engine.replay import (
     ChildCall,
     Completed,
     ContinuedAsNew,
+    EntityRead,
     EventWait,
     Failed,
     NonDeterministic,
@@ -175,6 +176,8 @@ def _follow(ctx: Rules, b: Batch, st: RunState, result: Replay, relaunch: frozen
             emit(b, st, SignalAwaited(run_id, now, seq=seq, name=name, timeout_at_ms=timeout_at))
         case Blocked(ChildCall() as call):
             return children.start_child(ctx, b, st, call)
+        case Blocked(EntityRead() as read):
+            entities.ask(b, st, read)
         case Blocked(PromiseWait(seq)):  # its PromiseCreated is recorded: no fact, but say so
             b.effects.lifecycle.append(lifecycle.awaiting_promise(st, seq, now))
         case Blocked(EventWait(seq, name, key, timeout)):

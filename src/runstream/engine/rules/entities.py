@@ -5,27 +5,36 @@ An exclusive call is a run, queued by its key's lock (a limit of one permit, `li
 the lock keeps the key's state. When a call's run ends (`core.emit`), `state_after` is the
 state its Release gives back: the new one if the run completed, none (unchanged) if it
 failed, was cancelled or timed out. A `LiveQuery` to a lock is a shared call (`shared`):
-evaluated on the state as committed, answered at once, no fact."""
+evaluated on the state as committed, answered at once, no fact. A workflow's shared read
+(`ask`) is the same `LiveQuery`, sent with the promise that its answer completes (`reply`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from runstream.engine import payload
+from runstream.engine import lifecycle, payload
 from runstream.engine.entities import SHOW, EntityDef, load_state
+from runstream.engine.replay import EntityRead
 from runstream.engine.replay import _op as op_name
-from runstream.engine.rules.context import Rules
+from runstream.engine.rules import core
+from runstream.engine.rules.context import Rejected, Rules
 from runstream.engine.state import LimitState, RunState
 from runstream.engine.work import Batch
 from runstream.schemas.records import (
     ENTITY_WORKFLOW_PREFIX,
     RUN_PERMIT_SEQ,
+    TO_RUN,
+    CompletePromise,
     Fact,
     LiveQuery,
     PermitRequested,
+    PromiseCreated,
     QueryAnswer,
+    Reason,
     RunCompleted,
     entity_lock_id,
+    promise_of,
 )
 
 
@@ -60,7 +69,49 @@ def shared(ctx: Rules, b: Batch, ent: LimitState, cmd: LiveQuery) -> None:
         answer = QueryAnswer(cmd.request_id, cmd.run_id, found=True, error=why)
     else:
         answer = QueryAnswer(cmd.request_id, cmd.run_id, found=True, value=value)
-    b.effects.replies.append((cmd.reply_to, answer))
+    reply(b, cmd, answer)
+
+
+def ask(b: Batch, st: RunState, read: EntityRead) -> None:
+    """A workflow reads an entity's key: record the read's promise and send the shared
+    call to the key's lock in this transaction, once (a replay finds the promise and
+    waits for its answer). The call waits in the log for the lock's owner, if it has
+    none now (a handover): a read never fails for want of an owner."""
+    if read.seq in st.resolved:
+        return  # asked already
+    core.emit(b, st, PromiseCreated(st.run_id, b.now, seq=read.seq, promise_id=read.promise_id))
+    asked = LiveQuery(
+        read.lock,
+        read.promise_id,
+        reply_to=TO_RUN,
+        name=read.handler,
+        arg=read.arg,
+        sent_at_ms=b.now,
+    )
+    b.effects.commands.append(asked)
+    why = f"waiting for the answer of {read.handler!r} of {read.lock!r}"
+    b.effects.lifecycle.append(replace(lifecycle.awaiting_promise(st, read.seq, b.now), reason=why))
+
+
+def reply(b: Batch, cmd: LiveQuery, answer: QueryAnswer) -> None:
+    """Send a shared call's answer: to a client on its replies partition, or to a run's
+    read (`ask`) as the completion of its promise."""
+    if cmd.reply_to != TO_RUN:
+        b.effects.replies.append((cmd.reply_to, answer))
+        return
+    asker = promise_of(cmd.request_id)
+    if asker is None:
+        why = f"a read answered to a run needs its promise id, not {cmd.request_id!r}"
+        raise Rejected(Reason.INVALID_INPUT, why)
+    done = CompletePromise(
+        asker[0],
+        cmd.request_id,
+        value=answer.value,
+        error=answer.error,
+        sent_at_ms=b.now,
+        read=True,
+    )
+    b.effects.commands.append(done)
 
 
 def _waits(b: Batch, ent: LimitState) -> dict[str, list[str]]:

@@ -26,13 +26,15 @@ def complete(ctx: Rules, b: Batch, st: RunState, cmd: CompletePromise) -> None:
     letter saying why) for a promise the run does not have, one completed already, or
     a run that ended."""
     pid = cmd.promise_id
+    if cmd.read and _late(st, pid):
+        return  # an entity's answer to a read nothing waits for any more
     if not st.exists:
         raise Rejected(Reason.UNKNOWN_RUN, f"promise {pid!r} of unknown run {st.run_id!r}")
     seq = _seq_of(st, pid)
     fact = st.resolved.get(seq)
     if isinstance(fact, PromiseCompleted):
         raise Rejected(Reason.PROMISE_COMPLETED, f"promise {pid!r} {_outcome(fact)} already")
-    if st.terminal:
+    if st.terminal and not cmd.read:  # a read's answer is kept for a retry of the run
         raise Rejected(Reason.RUN_ENDED, f"promise {pid!r}: {_ended(st)}")
     value, error = cmd.value, cmd.error
     if error is None:
@@ -63,6 +65,17 @@ def _go_on(ctx: Rules, b: Batch, st: RunState) -> None:
     run does not; the outcome is kept for it)."""
     if st.status is not Status.PARKED and st.compensation is None:
         core.advance(ctx, b, st)
+
+
+def _late(st: RunState, pid: str) -> bool:
+    """A read's answer comes after its run ended for good (cancelled, completed,
+    continued as new: a failed run may be retried and replay the read), or a second time."""
+    parsed = promise_of(pid)
+    if not st.exists or parsed is None:
+        return False  # refused below, saying why
+    if st.terminal and st.status not in (Status.FAILED, Status.DEAD):
+        return True
+    return isinstance(st.resolved.get(parsed[1]), PromiseCompleted)
 
 
 def _seq_of(st: RunState, pid: str) -> int:
