@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from runstream.engine import blobs, payload
 from runstream.engine.limits import DEFAULT_MAX_RECORD, Limits
-from runstream.engine.partitioner import partition_for
+from runstream.engine.partitioner import partition_for, task_group_id
 from runstream.engine.workflow import seconds
 from runstream.entity_client import EntityHandle
 from runstream.errors import (
@@ -439,6 +439,31 @@ class Client:
         pid = uuid.uuid4().hex
         cmd = Unpause(run_id, reason, by=by or who(), sent_at_ms=_now_ms(), pause_id=pid)
         self._send(cmd, wait)
+
+    def pause_group(self, group: str, *, reason: str = "", by: str = "", wait: bool = True) -> None:
+        """Pause task group ``group``: the engine sends no new remote step of it until
+        `unpause_group` (the steps due meanwhile wait, and start then with their whole
+        timeout); attempts already sent finish and are recorded. One command per journal
+        partition, where each partition's owner keeps the pause (docs/guides/pause.md).
+        A pause of a paused group changes nothing."""
+        self._group(group, Pause, reason, by, wait)
+
+    def unpause_group(
+        self, group: str, *, reason: str = "", by: str = "", wait: bool = True
+    ) -> None:
+        """Let task group ``group`` go on: the steps it held are sent at once."""
+        self._group(group, Unpause, reason, by, wait)
+
+    def _group(
+        self, group: str, kind: type[Pause | Unpause], reason: str, by: str, wait: bool
+    ) -> None:
+        self.topics.tasks(group)  # a valid group name (a topic's), checked now
+        pid, n = uuid.uuid4().hex, self._partitions
+        for p in range(n):
+            ent = task_group_id(group, p, n)
+            self._send(kind(ent, reason, by=by or who(), sent_at_ms=_now_ms(), pause_id=pid), False)
+        if wait:
+            self.flush()
 
     # -- updates (docs/guides/updates.md) ---------------------------------------------
     def update(
