@@ -54,7 +54,7 @@ from runstream.operations import (
     time_ms,
     where_of,
 )
-from runstream.pausing import PauseReport, bulk, who
+from runstream.pausing import KEY, PauseReport, bulk, who
 from runstream.projections.runs import RunQuery
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
@@ -892,16 +892,20 @@ class Client:
         workflow: str | None = None,
         version: str | None = None,
         tags: Mapping[str, str] | None = None,
+        key: str | None = None,
         reason: str = "",
         dry_run: bool = False,
         cache_dir: Path | None = None,
     ) -> PauseReport:
         """Pause every open, unpaused run that matches the conditions (at least one), as
-        selected from the runs read model (as `runstream runs pause --where`); ``dry_run``
-        only says which. Calling it again pauses the ones that matched since."""
-        return self._pause_where(
-            where_of(status, workflow, version, tags or {}), False, reason, dry_run, cache_dir
-        )
+        selected from the runs read model (as `runstream runs pause --where`); ``key``:
+        the runs whose workflow's ``concurrency_key`` gave that key (read from the
+        journal). ``dry_run`` only says which. Calling it again pauses the ones that
+        matched since."""
+        named = (status, workflow, version, tags)
+        where = where_of(status, workflow, version, tags or {}) if key is None or any(named) else {}
+        where |= {} if key is None else {KEY: key}
+        return self._pause_where(where, False, reason, dry_run, cache_dir)
 
     def unpause_where(
         self,
@@ -909,12 +913,15 @@ class Client:
         workflow: str | None = None,
         version: str | None = None,
         tags: Mapping[str, str] | None = None,
+        key: str | None = None,
         reason: str = "",
         dry_run: bool = False,
         cache_dir: Path | None = None,
     ) -> PauseReport:
-        """Unpause every paused run that matches the conditions (none: every paused run)."""
+        """Unpause every paused run that matches the conditions (none: every paused run;
+        ``key`` as in `pause_where`)."""
         where = where_of(Status.PAUSED.value, workflow, version, tags or {})
+        where |= {} if key is None else {KEY: key}
         return self._pause_where(where, True, reason, dry_run, cache_dir)
 
     def _pause_where(

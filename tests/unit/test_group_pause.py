@@ -258,3 +258,21 @@ def test_a_decision_that_fails_after_holding_a_step_leaves_no_trace_on_the_group
     assert dead.code == Reason.INTERNAL
     assert group(core).held == [] and not core.facts(GROUP, "TaskHeld")
     assert not core.facts("o1", "StepHeld")  # the run undone too (as it always was)
+
+
+def test_tasks_status_tells_a_paused_group_and_its_held_steps_from_the_journal():
+    from runstream.cli.tasks_status import remote_attempts
+
+    core = Core(app.registry)
+    core.start("o0", "checkout", {})  # sent before the pause: in flight
+    pause(core)
+    core.start("o1", "checkout", {})
+    core.start("o2", "checkout", {})
+    core.cancel("o2")
+    payments = remote_attempts(core.journal, 0)["payments"]
+    assert (payments.in_flight, payments.held) == (1, 1)
+    [paused] = payments.paused
+    assert (paused.by, paused.reason) == ("ops@host", "carrier down")
+    unpause(core)
+    payments = remote_attempts(core.journal, 0)["payments"]
+    assert (payments.in_flight, payments.held, payments.paused) == (2, 0, [])
