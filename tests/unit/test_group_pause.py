@@ -276,3 +276,58 @@ def test_tasks_status_tells_a_paused_group_and_its_held_steps_from_the_journal()
     unpause(core)
     payments = remote_attempts(core.journal, 0)["payments"]
     assert (payments.in_flight, payments.held, payments.paused) == (2, 0, [])
+
+
+def test_the_workflow_tester_pauses_a_task_group():
+    from runstream.testing import WorkflowTester
+
+    served: list[int] = []
+    tester_app = App("tester")
+
+    @tester_app.step(group="payments", timeout="30s")
+    def pay(n: int) -> int:
+        served.append(n)
+        return n * 2
+
+    @tester_app.workflow
+    async def paying(ctx, n: int) -> int:
+        return await ctx.step(pay, n)
+
+    t = WorkflowTester(tester_app)
+    t.pause_group("payments", reason="PSP maintenance")
+    run = t.start(paying, 21, run_id="p-1")
+    t.run_until_idle()
+    assert run.status == "running" and served == []
+    t.unpause_group("payments")
+    assert run.status == "completed" and served == [21]
+
+
+def test_a_run_that_timed_out_while_held_and_is_retried_is_held_again_then_sent():
+    from runstream.schemas.records import Retry
+
+    core = Core(app.registry)
+    pause(core)
+    core.command(StartRun("o1", "checkout", input=b"{}", timeout_ms=60_000))
+    core.advance(61)
+    assert core.state("o1").status == "failed"
+    core.command(Retry("o1", "again", retry_id="r1"))
+    assert core.state("o1").status == "running" and not core.tasks
+    assert len(core.facts("o1", "StepHeld")) == 2
+    unpause(core)
+    [task] = core.tasks
+    core.answer(task, {"receipt": "r"})
+    assert core.state("o1").status == "completed"
+    assert check_run(core.facts("o1"), expect_finished=True) == []
+
+
+def test_the_dashboard_shows_a_held_step_as_what_the_run_waits_on():
+    from runstream.ui.history import story
+
+    core = Core(app.registry)
+    pause(core)
+    core.start("o1", "checkout", {})
+    [wait] = story(core.facts("o1")).waits
+    assert wait.kind == "held" and wait.label == "task group 'payments' paused (step charge #2)"
+    unpause(core)
+    s = story(core.facts("o1"))
+    assert s.waits == [] and [sp.outcome for sp in s.spans if sp.kind == "held"] == ["sent"]
