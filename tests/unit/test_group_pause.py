@@ -331,3 +331,17 @@ def test_the_dashboard_shows_a_held_step_as_what_the_run_waits_on():
     unpause(core)
     s = story(core.facts("o1"))
     assert s.waits == [] and [sp.outcome for sp in s.spans if sp.kind == "held"] == ["sent"]
+
+
+def test_where_takes_key_for_a_pause_only():
+    import click
+    import pytest
+
+    from runstream.cli.runs_ops import parse_where
+
+    assert parse_where("workflow=order,key=acme", keyed=True) == {
+        "workflow": "order",
+        "key": "acme",
+    }
+    with pytest.raises(click.BadParameter, match="use status=S, workflow=W, version=V or tag"):
+        parse_where("key=acme")  # as runs cancel --where reads it
