@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from runstream.engine import blobs, payload
 from runstream.engine.limits import DEFAULT_MAX_RECORD, Limits
-from runstream.engine.partitioner import partition_for
+from runstream.engine.partitioner import partition_for, task_group_id
 from runstream.engine.workflow import seconds
 from runstream.entity_client import EntityHandle
 from runstream.errors import (
@@ -54,7 +54,7 @@ from runstream.operations import (
     time_ms,
     where_of,
 )
-from runstream.pausing import PauseReport, bulk, who
+from runstream.pausing import KEY, PauseReport, bulk, who
 from runstream.projections.runs import RunQuery
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
@@ -439,6 +439,31 @@ class Client:
         pid = uuid.uuid4().hex
         cmd = Unpause(run_id, reason, by=by or who(), sent_at_ms=_now_ms(), pause_id=pid)
         self._send(cmd, wait)
+
+    def pause_group(self, group: str, *, reason: str = "", by: str = "", wait: bool = True) -> None:
+        """Pause task group ``group``: the engine sends no new remote step of it until
+        `unpause_group` (the steps due meanwhile wait, and start then with their whole
+        timeout); attempts already sent finish and are recorded. One command per journal
+        partition, where each partition's owner keeps the pause (docs/guides/pause.md).
+        A pause of a paused group changes nothing."""
+        self._group(group, Pause, reason, by, wait)
+
+    def unpause_group(
+        self, group: str, *, reason: str = "", by: str = "", wait: bool = True
+    ) -> None:
+        """Let task group ``group`` go on: the steps it held are sent at once."""
+        self._group(group, Unpause, reason, by, wait)
+
+    def _group(
+        self, group: str, kind: type[Pause | Unpause], reason: str, by: str, wait: bool
+    ) -> None:
+        self.topics.tasks(group)  # a valid group name (a topic's), checked now
+        pid, n = uuid.uuid4().hex, self._partitions
+        for p in range(n):
+            ent = task_group_id(group, p, n)
+            self._send(kind(ent, reason, by=by or who(), sent_at_ms=_now_ms(), pause_id=pid), False)
+        if wait:
+            self.flush()
 
     # -- updates (docs/guides/updates.md) ---------------------------------------------
     def update(
@@ -867,16 +892,20 @@ class Client:
         workflow: str | None = None,
         version: str | None = None,
         tags: Mapping[str, str] | None = None,
+        key: str | None = None,
         reason: str = "",
         dry_run: bool = False,
         cache_dir: Path | None = None,
     ) -> PauseReport:
         """Pause every open, unpaused run that matches the conditions (at least one), as
-        selected from the runs read model (as `runstream runs pause --where`); ``dry_run``
-        only says which. Calling it again pauses the ones that matched since."""
-        return self._pause_where(
-            where_of(status, workflow, version, tags or {}), False, reason, dry_run, cache_dir
-        )
+        selected from the runs read model (as `runstream runs pause --where`); ``key``:
+        the runs whose workflow's ``concurrency_key`` gave that key (read from the
+        journal). ``dry_run`` only says which. Calling it again pauses the ones that
+        matched since."""
+        named = (status, workflow, version, tags)
+        where = where_of(status, workflow, version, tags or {}) if key is None or any(named) else {}
+        where |= {} if key is None else {KEY: key}
+        return self._pause_where(where, False, reason, dry_run, cache_dir)
 
     def unpause_where(
         self,
@@ -884,12 +913,15 @@ class Client:
         workflow: str | None = None,
         version: str | None = None,
         tags: Mapping[str, str] | None = None,
+        key: str | None = None,
         reason: str = "",
         dry_run: bool = False,
         cache_dir: Path | None = None,
     ) -> PauseReport:
-        """Unpause every paused run that matches the conditions (none: every paused run)."""
+        """Unpause every paused run that matches the conditions (none: every paused run;
+        ``key`` as in `pause_where`)."""
         where = where_of(Status.PAUSED.value, workflow, version, tags or {})
+        where |= {} if key is None else {KEY: key}
         return self._pause_where(where, True, reason, dry_run, cache_dir)
 
     def _pause_where(

@@ -39,6 +39,7 @@ from pydantic import ValidationError
 from runstream.engine import blobs, payload
 from runstream.engine.decide import Decider
 from runstream.engine.interceptors import ended, tell_ended
+from runstream.engine.partitioner import task_group_id
 from runstream.engine.replay import Replayer
 from runstream.engine.state import RunState, State, Status, new_state
 from runstream.engine.work import Batch, LogRecord, StepJob, StepOutcome, Work
@@ -386,6 +387,15 @@ class WorkflowTester:
     def unpause(self, run_id: str, reason: str = "") -> None:
         """Let a paused run go on from what was recorded while it was paused."""
         self._send(Unpause(run_id, reason, by="WorkflowTester"))
+
+    def pause_group(self, group: str, reason: str = "") -> None:
+        """Pause task group ``group`` (see `Client.pause_group`): its remote steps due
+        meanwhile are held, and served on `unpause_group`."""
+        self._send(Pause(task_group_id(group, PARTITION, 1), reason, by="WorkflowTester"))
+
+    def unpause_group(self, group: str, reason: str = "") -> None:
+        """Let task group ``group`` go on: the steps it held are served now."""
+        self._send(Unpause(task_group_id(group, PARTITION, 1), reason, by="WorkflowTester"))
 
     def update(
         self, run_id: str, name: str, arg: Any = None, *, update_id: str | None = None

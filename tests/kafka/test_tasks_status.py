@@ -49,6 +49,8 @@ ROW_KEYS = {
     "partitions",
     "in_flight",
     "timeouts",
+    "paused",  # a task group's pause (`runstream tasks pause`): tests/kafka/test_group_pause.py
+    "held",
 }
 CODEC = Codec.default()
 
@@ -220,6 +222,7 @@ def test_status_shows_workers_lag_oldest_task_in_flight_and_timeouts(kafka_boots
         for row in got.values():
             assert set(row) == ROW_KEYS
             assert set(row["timeouts"]) == {"window_ms", "count", "latest"}
+            assert row["paused"] is None and row["held"] == 0
 
         pay = got[PAY]
         assert pay["topic"] == pay["consumer_group"] == topics.tasks(PAY)

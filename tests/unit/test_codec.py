@@ -76,7 +76,7 @@ def codec() -> Codec:
 
 
 def test_every_shipped_file_is_a_documented_runstream_record() -> None:
-    assert len(SHIPPED) == 75
+    assert len(SHIPPED) == 80
     for filename, schema in ALL_FILES.items():
         assert filename.startswith(f"runstream.{schema['name']}.")
         assert schema["namespace"] == "runstream"
@@ -332,6 +332,11 @@ FIELDS = {
     "Unpause": ["run_id", "reason", "by", "sent_at_ms", "pause_id"],
     "RunPaused": [*_FACT, "reason", "by", "pause_id"],
     "RunUnpaused": [*_FACT, "reason", "by", "pause_id"],
+    "StepHeld": [*_FACT, "seq", "name", "attempt", "group"],
+    "TaskHeld": [*_FACT, "holder", "seq"],
+    "GroupPaused": [*_FACT, "reason", "by", "pause_id"],
+    "GroupUnpaused": [*_FACT, "reason", "by", "pause_id"],
+    "ReleaseTask": ["run_id", "seq", "group", "sent_at_ms"],
 }
 
 

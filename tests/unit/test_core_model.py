@@ -4,7 +4,8 @@
 Hypothesis drives starts, signals, events, cancels, retries, timer fires, local step
 outcomes, remote results and heartbeats (in order, late, duplicated), completions of
 durable promises (known and unknown, once or again), validated updates (accepted,
-rejected by their validator or for want of a handler, once or again), the commands runs
+rejected by their validator or for want of a handler, once or again), pauses and
+unpauses of runs and of a task group on each partition, the commands runs
 send each other (delivered in order per partition, interleaved with the rest), and the
 faults: a restore of a partition by a new owner, a graceful handover, an aborted
 transaction redone, a command delivered twice, a cache miss. After every step, and at a
@@ -37,8 +38,9 @@ from runstream import App, shared
 from runstream.audit import check_run
 from runstream.engine import payload
 from runstream.engine.entities import call_input
+from runstream.engine.partitioner import task_group_id
 from runstream.engine.reducer import fold
-from runstream.engine.state import LimitState, RunState, Status
+from runstream.engine.state import LimitState, RunState, Status, TaskGroupState
 from runstream.errors import (
     TIMED_OUT,
     ChildFailed,
@@ -59,6 +61,8 @@ from runstream.schemas.records import (
     EventPublished,
     EventReceived,
     EventSubscribed,
+    GroupPaused,
+    GroupUnpaused,
     Heartbeat,
     LiveQuery,
     Pause,
@@ -75,6 +79,7 @@ from runstream.schemas.records import (
     Signal,
     StartRun,
     StepCompleted,
+    StepStarted,
     Unpause,
     Update,
     UpdateAccepted,
@@ -84,6 +89,7 @@ from runstream.schemas.records import (
     entity_lock_id,
     entity_workflow,
     promise_id,
+    task_group_of,
 )
 
 from .modeldriver import Delivered, Shell, describe, ended, without_beats
@@ -583,6 +589,30 @@ def update_problems(shell: Shell, runs: Iterable[str], at_rest: bool = False) ->
     return out
 
 
+def paused_groups(shell: Shell) -> list[str]:
+    return [
+        ent
+        for ent, st in sorted(shell.states.items())
+        if isinstance(st, TaskGroupState) and st.paused is not None
+    ]
+
+
+def group_pause_problems(shell: Shell) -> list[str]:
+    """No attempt of a paused task group is handed out: in journal order, no remote
+    StepStarted of a run on a partition where its group's pause is recorded (and no
+    unpause after it), and each task sent has its StepStarted (checked by the audit)."""
+    paused: set[tuple[str, int]] = set()  # (group, partition)
+    out = []
+    for fact in shell.journal:
+        match fact:
+            case GroupPaused() | GroupUnpaused():
+                where = (task_group_of(fact.run_id), shell.partition(fact.run_id))
+                (paused.add if isinstance(fact, GroupPaused) else paused.discard)(where)
+            case StepStarted(group=str(group)) if (group, shell.partition(fact.run_id)) in paused:
+                out.append(f"{fact.run_id}: step {fact.seq} sent to paused group {group!r}")
+    return out
+
+
 def told(problems: list[str]) -> str:
     return "\n".join(problems)
 
@@ -728,6 +758,16 @@ class CoreModel(RuleBasedStateMachine):
         cmd = (
             Unpause(target, "model", pause_id=pid) if unpause else Pause(target, "m", pause_id=pid)
         )
+        self.shell.send(cmd)
+
+    @precondition(lambda self: "group-pause" not in EXCLUDE)
+    @rule(p=hs.integers(0, 2), unpause=hs.booleans())
+    def group_pause(self, p: int, unpause: bool) -> None:
+        """An operator pauses task group "remote" on one partition, or unpauses it (as
+        `Client.pause_group` does on each; `deliver_twice` sends the same command)."""
+        ent, self.pauses = task_group_id("remote", p, self.shell.partitions), self.pauses + 1
+        pid = f"g{self.pauses}"
+        cmd = Unpause(ent, "model", pause_id=pid) if unpause else Pause(ent, "m", pause_id=pid)
         self.shell.send(cmd)
 
     @precondition(lambda self: self.started)
@@ -930,6 +970,7 @@ class CoreModel(RuleBasedStateMachine):
         assert not (p := promise_problems(shell, runs)), told(p)
         assert not (p := witness_problems(shell)), told(p)
         assert not (p := update_problems(shell, runs)), told(p)
+        assert not (p := group_pause_problems(shell)), told(p)
 
     def teardown(self) -> None:
         # A step or an invariant failed: that is the report. (Hypothesis's own StopTest,
@@ -960,6 +1001,9 @@ class CoreModel(RuleBasedStateMachine):
             elif paused := [r for r in shell.runs() if shell.run_state(r).paused is not None]:
                 for run_id in paused:  # time passed while they were paused: let them go
                     shell.send(Unpause(run_id, "the model is done"))
+            elif groups := paused_groups(shell):
+                for ent in groups:  # and the task groups paused
+                    shell.send(Unpause(ent, "the model is done"))
             else:
                 break
         else:

@@ -72,6 +72,7 @@ from runstream.schemas.records import (
     StepCompleted,
     StepFailed,
     StepHandedOver,
+    StepHeld,
     StepStarted,
     TimerFired,
     TimerScheduled,
@@ -85,6 +86,7 @@ _WAITS = {
     "StepStarted": "step in flight",
     "StepFailed": "retry scheduled",
     "StepHandedOver": "step in flight",
+    "StepHeld": "task group paused",
     "TimerScheduled": "open timer",
     "SignalAwaited": "open signal wait",
     "ChildStarted": "child running",
@@ -95,6 +97,7 @@ _PROMISE_WAIT = "open promise"
 _WAIT_ORDER = (
     "step in flight",
     "retry scheduled",
+    "task group paused",
     "open timer",
     "open signal wait",
     "open event wait",
@@ -292,6 +295,11 @@ class RunCheck:
                     at = (self.settled.get(fact.seq) or self.open[fact.seq])[-1]
                     self._bad(f"{name} seq {fact.seq} reuses a sequence number", at, pos)
                 self.open[fact.seq] = (name, 0, pos)
+            case StepHeld():  # its task group is paused: the attempt starts on unpause
+                prev = self.open.get(fact.seq)
+                if prev is not None and prev[0] not in ("StepFailed", "StepHeld"):
+                    self._bad(f"StepHeld seq {fact.seq} while {prev[0]} is open on it", pos)
+                self.open[fact.seq] = ("StepHeld", fact.attempt, pos)
             case StepHandedOver():
                 prev = self.open.get(fact.seq)
                 if prev is None or prev[:2] != ("StepStarted", fact.attempt):
@@ -365,9 +373,9 @@ class RunCheck:
                     at,
                     pos,
                 )
-            elif kind not in ("StepStarted", "StepFailed", "StepHandedOver"):
+            elif kind not in ("StepStarted", "StepFailed", "StepHandedOver", "StepHeld"):
                 self._bad(f"StepStarted seq {seq} while {kind} is open on it", at, pos)
-            if attempt != prev_attempt + (kind != "StepHandedOver"):
+            if attempt != prev_attempt + (kind not in ("StepHandedOver", "StepHeld")):
                 self._bad(
                     f"StepStarted seq {seq} attempt {attempt} follows attempt {prev_attempt}",
                     at,

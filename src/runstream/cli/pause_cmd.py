@@ -24,7 +24,11 @@ def _command(unpause: bool) -> click.Command:
 
     @click.command(verb)
     @click.argument("run_ids", nargs=-1)
-    @click.option("--where", default=None, help=options.WHERE)
+    @click.option(
+        "--where",
+        default=None,
+        help=options.WHERE[:-1] + ", key=K (a workflow's concurrency_key: the journal is read).",
+    )
     @namespace
     @options.bootstrap
     @click.option("--reason", default="", help="Why, for the runs' history.")
@@ -54,7 +58,7 @@ def _command(unpause: bool) -> click.Command:
             options.emit(as_json, {"runs": list(run_ids)}, f"{verb} sent for {len(run_ids)} run(s)")
             return
         assert where is not None
-        conditions = parse_where(where)
+        conditions = parse_where(where, keyed=True)
         if unpause:
             status = conditions.setdefault("status", Status.PAUSED.value)
             if status != Status.PAUSED:

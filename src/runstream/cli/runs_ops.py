@@ -172,15 +172,16 @@ def cancel(
         sys.exit(exits.NO)
 
 
-def parse_where(text: str) -> dict[str, str]:
+def parse_where(text: str, keyed: bool = False) -> dict[str, str]:
+    """``--where``'s conditions; ``keyed``: ``key=K`` too (a limit's concurrency key)."""
     out: dict[str, str] = {}
+    names = ("status", "workflow", "version", *(("key",) if keyed else ()))
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = part.partition("=")
-        if not sep or not value or not (key in ("status", "workflow", "version") or
+        if not sep or not value or not (key in names or
                                          (key.startswith("tag.") and len(key) > 4)):  # fmt: skip
-            raise click.BadParameter(
-                f"{part!r}: use status=S, workflow=W, version=V or tag.K=V", param_hint="--where"
-            )
+            use = "status=S, workflow=W, version=V" + (", key=K" if keyed else "")
+            raise click.BadParameter(f"{part!r}: use {use} or tag.K=V", param_hint="--where")
         if key == "status" and value not in {s.value for s in Status}:
             raise click.BadParameter(f"no status {value!r}", param_hint="--where")
         out[key] = value

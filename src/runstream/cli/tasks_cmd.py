@@ -58,3 +58,44 @@ def serve(
     TaskWorker(
         app, group, concurrency=concurrency, prefetch=prefetch, settings=settings, grace=grace
     ).run()
+
+
+def _group_command(unpause: bool) -> click.Command:
+    verb = "unpause" if unpause else "pause"
+
+    @click.command(verb)
+    @click.argument("group")
+    @options.namespace
+    @options.bootstrap
+    @click.option("--reason", default="", help="Why, for the journal and `tasks status`.")
+    @options.json_output
+    def command(
+        group: str, namespace: str, bootstrap: str | None, reason: str, as_json: bool
+    ) -> None:
+        from runstream.client import Client
+        from runstream.errors import TopicError
+        from runstream.pausing import who
+        from runstream.topics.spec import Topics
+
+        try:
+            Topics(namespace).tasks(group)  # a task group's name, checked before Kafka
+        except TopicError as exc:
+            raise click.BadParameter(str(exc), param_hint="GROUP") from None
+        why = reason or f"runstream tasks {verb}"
+        with Client(namespace, bootstrap) as client:
+            send = client.unpause_group if unpause else client.pause_group
+            send(group, reason=why, by=who())
+        options.emit(as_json, {"group": group, "sent": verb}, f"task group {group!r}: {verb} sent")
+
+    command.help = (
+        "Unpause task group GROUP: the remote steps it held are sent at once."
+        if unpause
+        else "Pause task group GROUP: the engine sends no new remote step of it (the steps "
+        "due wait, their timeout not running, and are sent on unpause); attempts already "
+        "sent finish and are recorded. Paused groups show in `runstream tasks status`."
+    )
+    return command
+
+
+tasks.add_command(_group_command(unpause=False))
+tasks.add_command(_group_command(unpause=True))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import click
@@ -32,6 +32,8 @@ from runstream.engine.workflow import seconds
 from runstream.errors import STEP_TIMED_OUT, DecodeError
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import (
+    GroupPaused,
+    GroupUnpaused,
     Record,
     RunCancelled,
     RunCompleted,
@@ -39,7 +41,9 @@ from runstream.schemas.records import (
     RunFailed,
     SeqFact,
     StepFailed,
+    StepHeld,
     StepStarted,
+    task_group_of,
 )
 from runstream.settings import Settings
 from runstream.topics.admin import client_config
@@ -53,11 +57,13 @@ class TaskGroupNotFound(exits.NotFound):
 
 @dataclass
 class RemoteAttempts:
-    """What the journal tells about one task group's attempts."""
+    """What the journal tells about one task group's attempts, and its pause."""
 
     in_flight: int = 0
     timeouts: int = 0  # since the window's start
     latest_timeout: StepFailed | None = None
+    held: int = 0  # steps due while the group is paused (StepHeld), not sent
+    paused: list[GroupPaused] = field(default_factory=list)  # one per partition paused
 
 
 def remote_attempts(facts: Iterable[Record], since_ms: int) -> dict[str, RemoteAttempts]:
@@ -66,16 +72,29 @@ def remote_attempts(facts: Iterable[Record], since_ms: int) -> dict[str, RemoteA
     An attempt is open from its remote ``StepStarted`` until the next fact at its run
     and seq (its outcome, a handover, a new attempt) or the run's end, as the engine's
     reducer keeps ``pending``. Timeouts are ``StepFailed`` facts from ``since_ms`` on
-    whose error says the engine timed the attempt out.
+    whose error says the engine timed the attempt out. A group is paused on each partition
+    whose ``GroupPaused`` no ``GroupUnpaused`` followed; a step is held from its
+    ``StepHeld`` until the next fact at its seq or the run's end.
     """
     open_: dict[str, dict[int, StepStarted]] = {}  # run -> seq -> its open remote attempt
+    held: dict[str, dict[int, str]] = {}  # run -> seq -> the group holding it
+    pauses: dict[str, GroupPaused] = {}  # by the group's entity id (one per partition)
     out: dict[str, RemoteAttempts] = {}
     for fact in facts:
-        if isinstance(fact, StepStarted) and fact.group is not None:
+        if isinstance(fact, GroupPaused):
+            pauses[fact.run_id] = fact
+        elif isinstance(fact, GroupUnpaused):
+            pauses.pop(fact.run_id, None)
+        elif isinstance(fact, StepStarted) and fact.group is not None:
+            held.get(fact.run_id, {}).pop(fact.seq, None)
             open_.setdefault(fact.run_id, {})[fact.seq] = fact
         elif isinstance(fact, RunCompleted | RunFailed | RunCancelled | RunDead):
             open_.pop(fact.run_id, None)
+            held.pop(fact.run_id, None)
         elif isinstance(fact, SeqFact):
+            held.get(fact.run_id, {}).pop(fact.seq, None)
+            if isinstance(fact, StepHeld):
+                held.setdefault(fact.run_id, {})[fact.seq] = fact.group
             started = open_.get(fact.run_id, {}).pop(fact.seq, None)
             if (
                 started is not None
@@ -92,6 +111,11 @@ def remote_attempts(facts: Iterable[Record], since_ms: int) -> dict[str, RemoteA
         for started in attempts.values():
             assert started.group is not None
             out.setdefault(started.group, RemoteAttempts()).in_flight += 1
+    for seqs in held.values():
+        for name in seqs.values():
+            out.setdefault(name, RemoteAttempts()).held += 1
+    for ent, paused in pauses.items():
+        out.setdefault(task_group_of(ent), RemoteAttempts()).paused.append(paused)
     return out
 
 
@@ -191,6 +215,8 @@ def _row(
             for p in k.partitions
         ],
         "in_flight": attempts.in_flight,
+        "paused": _paused(attempts.paused),
+        "held": attempts.held,
         "timeouts": {
             "window_ms": window_ms,
             "count": attempts.timeouts,
@@ -209,11 +235,21 @@ def _row(
     }
 
 
+def _paused(pauses: list[GroupPaused]) -> dict[str, Any] | None:
+    """The group's pause (None: not paused): on how many partitions, and the latest's
+    who, why and when (a pause is sent to every partition at once)."""
+    if not pauses:
+        return None
+    last = max(pauses, key=lambda p: p.at_ms)
+    return {"partitions": len(pauses), "reason": last.reason, "by": last.by, "at_ms": last.at_ms}
+
+
 def _print(rows: list[dict[str, Any]], since: str) -> None:
     """A table of the groups, and one of their workers."""
     table = Table(
-        "group", "workers", "state", "lag", "oldest waiting", "in flight", f"timeouts {since}"
-    )
+        "group", "workers", "state", "lag", "oldest waiting", "in flight", f"timeouts {since}",
+        "paused",
+    )  # fmt: skip
     for r in rows:
         oldest, timeouts = r["oldest_waiting"], r["timeouts"]
         latest = timeouts["latest"]
@@ -231,7 +267,9 @@ def _print(rows: list[dict[str, Any]], since: str) -> None:
                 else f" (last: {latest['run_id']} {latest['step']}#{latest['seq']}, "
                 f"{age(latest['age_ms'])} ago)"
             ),
-        )
+            "" if (p := r["paused"]) is None
+            else f"yes, {r['held']} held (by {p['by']}: {p['reason']})",
+        )  # fmt: skip
     console = Console()
     console.print(table)
     workers = Table("group", "worker", "host", "partitions", "member id", title="workers")

@@ -93,7 +93,9 @@ class Decider:
         self.blobs = blobs or MemoryBlobs()
         self.limits = limits or Limits()
         self.codec = codec or Codec.default()
-        self.rules = Rules(registry, self.limits, journal_topic, max_recovery_attempts, activation)
+        self.rules = Rules(
+            registry, self.limits, journal_topic, max_recovery_attempts, activation, partitions
+        )
 
     def handle(self, b: Batch, work: Work) -> str | None:
         """Decide ``work`` into ``b``; the run it was about (None for a record set aside
@@ -266,16 +268,19 @@ class Decider:
             raise Rejected(Reason.UNENCODABLE, f"the decision cannot be recorded: {exc}") from exc
 
     def _undo(self, b: Batch, run_id: str, mark: tuple[int, ...]) -> State:
-        """Drop the effects since ``mark``, and rebuild the run's working copy from its
+        """Drop the effects since ``mark``, and rebuild the working copy of the run and of
+        any entity the decision wrote to (a task group's: `rules.taskgroups`) from its
         committed state and its facts before the mark (no copy on the happy path)."""
+        touched = {run_id} | {f.run_id for f in b.effects.facts[mark[0] :]}
         b.effects.rollback(mark)
         self.rules.replayer.forget([run_id])  # its coroutine may be ahead now
-        w = b.runs[run_id]
-        w.after = w.before.copy()
-        for fact in b.effects.facts:
-            if fact.run_id == run_id:
-                apply(w.after, fact)
-        return w.after
+        for key in touched:
+            w = b.runs[key]
+            w.after = w.before.copy()
+            for fact in b.effects.facts:
+                if fact.run_id == key:
+                    apply(w.after, fact)
+        return b.runs[run_id].after
 
     def _dead_letter(
         self,
@@ -307,7 +312,9 @@ class Decider:
         b.effects.dead_letters.append(letter)
 
 
-def kind_problem(item: Command | Work, st: State, kind: type[State] | None) -> str | None:
+def kind_problem(
+    item: Command | Work, st: State, kind: type[State] | tuple[type[State], ...] | None
+) -> str | None:
     """Why ``item`` may not go to ``st``: each command is for one kind of id (``kind``,
     from `rules.HANDLERS`: an Acquire keyed by a run would write limit facts into that
     run's journal), an event's command for exactly its name and key's entity, and a run's
@@ -316,7 +323,7 @@ def kind_problem(item: Command | Work, st: State, kind: type[State] | None) -> s
     name, run_id = type(item).__name__, st.run_id
     if kind is not None and not isinstance(st, kind):
         return f"{name} is not for {run_id!r}, a {id_kind(run_id)} id"
-    if kind is RunState and run_id.startswith(ENTITY_PREFIX):
+    if kind is not None and isinstance(st, RunState) and run_id.startswith(ENTITY_PREFIX):
         return f"{name} is for a run, and {run_id!r} names an engine entity"
     if isinstance(item, PublishEvent | Subscribe) and run_id != correlation_id(item.name, item.key):
         what = f"{name} of event {item.name!r} (key {item.key!r})"

@@ -15,7 +15,9 @@ from __future__ import annotations
 from functools import lru_cache
 from struct import Struct
 
-__all__ = ["murmur2", "partition_for"]
+from runstream.schemas.records import TASK_GROUP_PREFIX
+
+__all__ = ["murmur2", "partition_for", "task_group_id"]
 
 _SEED = 0x9747B28C
 _M = 0x5BD1E995
@@ -66,3 +68,17 @@ def partition_for(key: bytes, n: int) -> int:
 @lru_cache(maxsize=16384)
 def _cached_partition(key: bytes, n: int) -> int:
     return (_murmur2_unsigned(key) & 0x7FFFFFFF) % n
+
+
+@lru_cache(maxsize=4096)
+def task_group_id(group: str, partition: int, partitions: int) -> str:
+    """The id of the entity that keeps the pause of task group ``group`` on journal
+    partition ``partition`` (of ``partitions``): ``~taskgroup/<group>/<p>.<salt>``, with
+    the least salt that makes the id hash to that partition, so that each partition's
+    owner reads it beside its runs (a group name is a topic name: it has no ``/``)."""
+    salt = 0
+    while True:
+        ent = f"{TASK_GROUP_PREFIX}{group}/{partition}.{salt}"
+        if partition_for(ent.encode(), partitions) == partition:
+            return ent
+        salt += 1

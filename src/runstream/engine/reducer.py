@@ -20,6 +20,7 @@ from runstream.engine.state import (
     ScheduleState,
     State,
     Status,
+    TaskGroupState,
     new_state,
 )
 from runstream.errors import BlobUnavailable
@@ -38,6 +39,8 @@ from runstream.schemas.records import (
     EventSubscribed,
     EventTimedOut,
     Fact,
+    GroupPaused,
+    GroupUnpaused,
     LimitSet,
     PermitGranted,
     PermitQueued,
@@ -69,7 +72,9 @@ from runstream.schemas.records import (
     StepCompleted,
     StepFailed,
     StepHandedOver,
+    StepHeld,
     StepStarted,
+    TaskHeld,
     TimerFired,
     TimerScheduled,
     UpdateAccepted,
@@ -94,6 +99,8 @@ def apply(state: S, fact: Fact) -> S:
         _event_entity(state, fact)
     elif isinstance(state, LimitState):
         _limit(state, fact)
+    elif isinstance(state, TaskGroupState):
+        _task_group(state, fact)
     else:
         _schedule(state, fact)
     return state
@@ -135,7 +142,10 @@ def _run(state: RunState, fact: Fact) -> None:
     ):
         state.status, state.reason = Status.RUNNING, None  # the run made progress again
     match fact:
-        case StepStarted() | StepHandedOver() | TimerScheduled() | SignalAwaited() | EventAwaited():
+        case (
+            StepStarted() | StepHandedOver() | StepHeld() | TimerScheduled() | SignalAwaited()
+            | EventAwaited()
+        ):  # fmt: skip
             state.pending[fact.seq] = fact
             state.beats.pop(fact.seq, None)  # a new attempt has not beaten yet
         case StepCompleted():
@@ -250,6 +260,20 @@ def _event_entity(state: EventEntityState, fact: Fact) -> None:
             state.batches.pop(fact.workflow, None)
         case _:
             raise UnknownFactError(f"{type(fact).__name__} on event entity {state.run_id!r}")
+
+
+def _task_group(state: TaskGroupState, fact: Fact) -> None:
+    match fact:
+        case GroupPaused():
+            state.paused = fact
+            state.pause_ids.add(fact.pause_id)
+        case GroupUnpaused():  # its runs are sent their ReleaseTask with it
+            state.paused, state.held = None, []
+            state.pause_ids.add(fact.pause_id)
+        case TaskHeld():
+            state.held.append((fact.holder, fact.seq))
+        case _:
+            raise UnknownFactError(f"{type(fact).__name__} on task group {state.run_id!r}")
 
 
 def _limit(state: LimitState, fact: Fact) -> None:

@@ -78,6 +78,7 @@ from runstream.schemas.records import (
     StepCompleted,
     StepFailed,
     StepHandedOver,
+    StepHeld,
     StepStarted,
     TimerFired,
     TimerScheduled,
@@ -274,7 +275,7 @@ class _Suspend:
 def _op(fact: SeqFact) -> str:
     """What a fact records at its sequence number, as the code must ask for it."""
     match fact:
-        case StepStarted() | StepCompleted() | StepFailed() | StepHandedOver():
+        case StepStarted() | StepCompleted() | StepFailed() | StepHandedOver() | StepHeld():
             return f"step {fact.name}"
         case TimerScheduled() | TimerFired():
             return "sleep"

@@ -15,6 +15,7 @@ from runstream.schemas.records import (
     EventAwaited,
     EventBatched,
     EventPublished,
+    GroupPaused,
     IdKind,
     LimitSet,
     PermitGranted,
@@ -28,6 +29,7 @@ from runstream.schemas.records import (
     SignalBuffered,
     StepFailed,
     StepHandedOver,
+    StepHeld,
     StepStarted,
     TimerScheduled,
     UpdateAccepted,
@@ -48,6 +50,7 @@ __all__ = [
     "ScheduleState",
     "State",
     "Status",
+    "TaskGroupState",
     "beats_of",
     "new_state",
 ]
@@ -211,6 +214,10 @@ class RunState:
         """Sequence numbers of steps a graceful handover let go: to start again."""
         return [s for s, f in self.pending.items() if isinstance(f, StepHandedOver)]
 
+    def held_steps(self) -> list[int]:
+        """Sequence numbers of remote steps a paused task group holds (`rules.taskgroups`)."""
+        return [s for s, f in self.pending.items() if isinstance(f, StepHeld)]
+
     def recovers_alone(self) -> bool:
         """Whether the steps a crash interrupted run again alone in the process, one run at
         a time: those that already ran alone, or were a recovery themselves, when their
@@ -339,14 +346,34 @@ class LimitState:
         return math.ceil(self.tat_ms - (max(lim.burst, 1) - 1) * interval)
 
 
+@dataclass(slots=True)
+class TaskGroupState:
+    """A task group's pause on one partition ``~taskgroup/<group>/<p>.<salt>``
+    (`partitioner.task_group_id`): whether paused (who, why), and the runs of the
+    partition that hold a remote step of the group meanwhile, by (run, seq)."""
+
+    run_id: str  # its id: the journal key
+    facts: int = 0
+    paused: GroupPaused | None = None
+    pause_ids: set[str] = field(default_factory=set)  # commands recorded: dedupe
+    held: list[tuple[str, int]] = field(default_factory=list)  # (run, seq), in order
+
+    def copy(self) -> TaskGroupState:
+        return replace(self, pause_ids=set(self.pause_ids), held=list(self.held))
+
+    def timers(self) -> set[tuple[int, int]]:
+        return set()
+
+
 #: The state of anything the journal keeps: a run or one of the engine's entities.
-State = RunState | EventEntityState | ScheduleState | LimitState
+State = RunState | EventEntityState | ScheduleState | LimitState | TaskGroupState
 
 _STATES: dict[IdKind, type[State]] = {
     IdKind.RUN: RunState,
     IdKind.EVENT: EventEntityState,
     IdKind.SCHEDULE: ScheduleState,
     IdKind.LIMIT: LimitState,
+    IdKind.TASK_GROUP: TaskGroupState,
 }
 
 

@@ -55,6 +55,7 @@ class Kind(StrEnum):
     STEP_COMPLETED = "step.completed"
     STEP_FAILED = "step.failed"
     STEP_HANDED_OVER = "step.handed_over"
+    STEP_HELD = "step.held"  # its task group is paused: sent on unpause (``reason``)
     STEP_RESULT_IGNORED = "step.result_ignored"
     RUN_EVENT_SET = "run.event_set"  # ctx.set_event: ``key`` and the value in ``output``
     RUN_PAUSED = "run.paused"
@@ -124,6 +125,7 @@ ENTITY_PREFIX = "~"
 EVENT_PREFIX = f"{ENTITY_PREFIX}event/"
 LIMIT_PREFIX = f"{ENTITY_PREFIX}limit/"
 SCHEDULE_PREFIX = f"{ENTITY_PREFIX}schedule/"
+TASK_GROUP_PREFIX = f"{ENTITY_PREFIX}taskgroup/"
 
 
 def entity_id(prefix: str, *parts: str, hashed: str) -> str:
@@ -153,6 +155,11 @@ def limit_id(name: str, key: str | None = None) -> str:
     limit of workflow ``name`` for one ``key``: its partition owns the permits."""
     parts = (name,) if key is None else (name, key)
     return entity_id(LIMIT_PREFIX, *parts, hashed=f"{name}\x00{key}")
+
+
+def task_group_of(entity: str) -> str:
+    """The task group a `task_group_id` names."""
+    return entity[len(TASK_GROUP_PREFIX) :].rsplit("/", 1)[0]
 
 
 #: The seq of a run's own permit (its workflow's concurrency_key), below any step's.
@@ -204,12 +211,14 @@ class IdKind(StrEnum):
     EVENT = "event"  # correlation_id: published events and the waits for them
     LIMIT = "limit"  # limit_id: permits
     SCHEDULE = "schedule"  # schedule_id
+    TASK_GROUP = "taskgroup"  # task_group_id: a task group's pause, one per partition
 
 
 _ENTITY_KINDS = {
     EVENT_PREFIX: IdKind.EVENT,
     LIMIT_PREFIX: IdKind.LIMIT,
     SCHEDULE_PREFIX: IdKind.SCHEDULE,
+    TASK_GROUP_PREFIX: IdKind.TASK_GROUP,
 }
 
 
@@ -551,6 +560,15 @@ class Unpause(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class ReleaseTask(Record):
+    run_id: str  # the run whose remote step a paused task group held
+    seq: int
+    _: KW_ONLY
+    group: str
+    sent_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Update(Record):
     """A validated update (`Client.update`); with ``start_workflow``, update-with-start."""
 
@@ -590,6 +608,7 @@ Command = (
     | Pause
     | Unpause
     | Update
+    | ReleaseTask
 )
 COMMANDS: tuple[type[Record], ...] = Command.__args__
 
@@ -923,6 +942,46 @@ class StepHandedOver(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class StepHeld(Record):
+    run_id: str
+    at_ms: int
+    _: KW_ONLY
+    seq: int
+    name: str
+    attempt: int  # the attempt that starts when its group is unpaused
+    group: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskHeld(Record):
+    run_id: str  # task_group_id(...)
+    at_ms: int
+    _: KW_ONLY
+    holder: str  # the run whose step waits
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPaused(Record):
+    run_id: str  # task_group_id(...)
+    at_ms: int
+    _: KW_ONLY
+    reason: str
+    by: str
+    pause_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupUnpaused(Record):
+    run_id: str  # task_group_id(...)
+    at_ms: int
+    _: KW_ONLY
+    reason: str
+    by: str
+    pause_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class RunRecovered(Record):
     run_id: str
     at_ms: int
@@ -1166,6 +1225,10 @@ Fact = (
     | RunUnpaused
     | UpdateAccepted
     | UpdateCompleted
+    | StepHeld
+    | TaskHeld
+    | GroupPaused
+    | GroupUnpaused
 )
 FACTS: tuple[type[Record], ...] = Fact.__args__
 END_FACTS = {
@@ -1181,6 +1244,7 @@ SeqFact = (
     | StepCompleted
     | StepFailed
     | StepHandedOver
+    | StepHeld
     | TimerScheduled
     | TimerFired
     | SignalAwaited

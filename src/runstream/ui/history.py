@@ -37,6 +37,7 @@ from runstream.schemas.records import (
     StepCompleted,
     StepFailed,
     StepHandedOver,
+    StepHeld,
     StepStarted,
     TimerFired,
     TimerScheduled,
@@ -68,7 +69,7 @@ def family(fact: Record) -> str:
 class Span:
     """One bar of the waterfall: ``end_ms`` None while it is still open."""
 
-    kind: str  # step, timer, signal, event, child, permit
+    kind: str  # step, timer, signal, event, child, permit, held
     label: str
     start_ms: int
     end_ms: int | None = None
@@ -120,7 +121,12 @@ def story(facts: list[Record]) -> Story:
         match fact:
             case RunStarted():
                 s.parent = fact.parent_run_id
+            case StepHeld():  # its task group is paused: a wait, until it is sent
+                label = f"task group {fact.group!r} paused (step {fact.name} #{fact.seq})"
+                if ("held", fact.seq) not in opened:
+                    _open(s, opened, ("held", fact.seq), Span("held", label, at))
             case StepStarted():
+                _close(opened, ("held", fact.seq), at, "sent")
                 span = Span(
                     "step", f"{fact.name} #{fact.seq}", at, detail=f"attempt {fact.attempt}"
                 )

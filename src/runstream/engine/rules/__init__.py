@@ -17,6 +17,7 @@ turns that into a dead letter. No I/O, and workflow code runs only through `repl
 - `schedules`: schedules              - `retry`, `cancel`
 - `promises`: durable promises        - `queries`: live queries
 - `pause`: pause, unpause             - `updates`: validated updates
+- `taskgroups`: a task group's pause (remote steps held)
 - `core`: the loop they all end in (advance, follow, compensate, park, emit)
 
 Who may import it: `engine.decide` (and tests); it imports only from `engine` and
@@ -43,6 +44,7 @@ from runstream.engine.rules import (
     schedules,
     signals,
     steps,
+    taskgroups,
     timers,
     updates,
 )
@@ -53,6 +55,7 @@ from runstream.engine.state import (
     RunState,
     ScheduleState,
     State,
+    TaskGroupState,
 )
 from runstream.engine.work import Batch, HandOver, Recover, Resume, StepOutcome, TimerDue
 from runstream.schemas.records import (
@@ -68,6 +71,7 @@ from runstream.schemas.records import (
     PublishEvent,
     Query,
     Release,
+    ReleaseTask,
     Retry,
     ScheduleCommand,
     Signal,
@@ -87,7 +91,7 @@ Handler = Callable[[Rules, Batch, Any, Any], None]
 class Entry(NamedTuple):
     """What decides a record: the kind of state it is for (None: any), and its handler."""
 
-    state: type[State] | None
+    state: type[State] | tuple[type[State], ...] | None
     handler: Handler
 
 
@@ -108,8 +112,9 @@ HANDLERS: dict[type[object], Entry] = {
     Update: Entry(RunState, updates.update),
     Query: Entry(None, runs.query),  # any id: an entity's is a run not found
     LiveQuery: Entry(None, queries.live_query),  # likewise
-    Pause: Entry(RunState, pause.pause),
-    Unpause: Entry(RunState, pause.unpause),
+    Pause: Entry((RunState, TaskGroupState), pause.pause),  # a run, or a task group
+    Unpause: Entry((RunState, TaskGroupState), pause.unpause),
+    ReleaseTask: Entry(RunState, taskgroups.release),
     # an entity's commands
     PublishEvent: Entry(EventEntityState, events.publish),
     Subscribe: Entry(EventEntityState, events.subscribe),

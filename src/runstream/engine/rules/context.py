@@ -35,12 +35,14 @@ class Rules:
         journal_topic: str,
         max_recovery_attempts: int = 3,
         activation: Activation | None = None,
+        partitions: int = 1,
     ) -> None:
         self.registry = registry
         self.replayer = Replayer(registry, limits=limits)
         self.journal_topic = journal_topic  # where a dead run's dead letter points
         self.limits = limits
         self.max_recovery_attempts = max_recovery_attempts
+        self.partitions = partitions  # the journal's: where each task group's pause is kept
         # Brackets each run of workflow code (the shell gives it a time budget).
         self.activation: Activation = activation or (lambda _run: contextlib.nullcontext())
 

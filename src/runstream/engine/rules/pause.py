@@ -18,23 +18,30 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from runstream.engine.rules import core
+from runstream.engine.rules import core, taskgroups
 from runstream.engine.rules.context import Rejected, Rules
-from runstream.engine.state import RunState
+from runstream.engine.state import RunState, TaskGroupState
 from runstream.engine.work import Batch
 from runstream.schemas.records import Pause, Reason, RunPaused, RunUnpaused, Unpause
 
 
-def pause(ctx: Rules, b: Batch, st: RunState, cmd: Pause) -> None:
-    """Pause the run (a fact: who, why); its code stops at its next activation."""
+def pause(ctx: Rules, b: Batch, st: RunState | TaskGroupState, cmd: Pause) -> None:
+    """Pause the run (a fact: who, why); its code stops at its next activation. (Or a
+    task group on one partition: `taskgroups`.)"""
+    if isinstance(st, TaskGroupState):
+        taskgroups.pause(ctx, b, st, cmd)
+        return
     if not _open(b, st, cmd) or st.paused is not None or _again(st, cmd):
         return
     reason, by = ctx.limits.clip(cmd.reason or "paused"), ctx.limits.clip(cmd.by)
     core.emit(b, st, RunPaused(st.run_id, b.now, reason=reason, by=by, pause_id=cmd.pause_id))
 
 
-def unpause(ctx: Rules, b: Batch, st: RunState, cmd: Unpause) -> None:
+def unpause(ctx: Rules, b: Batch, st: RunState | TaskGroupState, cmd: Unpause) -> None:
     """Let a paused run go on: its code replays what was recorded meanwhile."""
+    if isinstance(st, TaskGroupState):
+        taskgroups.unpause(ctx, b, st, cmd)
+        return
     if not _open(b, st, cmd) or st.paused is None or _again(st, cmd):
         return
     reason, by = ctx.limits.clip(cmd.reason or "unpaused"), ctx.limits.clip(cmd.by)

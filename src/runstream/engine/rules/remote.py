@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from runstream.engine import payload
-from runstream.engine.rules import core, steps
+from runstream.engine.rules import core, steps, taskgroups
 from runstream.engine.rules.context import Rejected, Rules
 from runstream.engine.state import RunState, RunView
 from runstream.engine.work import Batch, StepOutcome
@@ -35,9 +35,11 @@ def dispatch(
 ) -> None:
     """Start a remote attempt: record it and send its task to its group, in one
     transaction. Its id (seq, attempt, time) names it apart from every other attempt,
-    a retried dead run's included."""
+    a retried dead run's included. Held while its group is paused (`taskgroups`)."""
     policy, p = step.policy, b.partition_of(st.run_id)
     assert policy.group is not None
+    if taskgroups.holds(ctx, b, st, seq, step.name, policy.group, attempt):
+        return
     attempt_id = f"{seq}.{attempt}.{b.now:x}"
     deadline = None if policy.timeout is None else b.now + int(policy.timeout * 1000)
     beat = None if policy.heartbeat is None else int(policy.heartbeat * 1000)

@@ -22,6 +22,7 @@ from runstream.schemas.records import (
     StepCompleted,
     StepFailed,
     StepHandedOver,
+    StepHeld,
     StepStarted,
     limit_id,
 )
@@ -55,9 +56,11 @@ def run_step(
             return
         case PermitReceived(attempt=attempt, granted=True):
             pass  # it has its permit
+        case StepHeld(attempt=attempt):
+            pass  # held by its paused task group (with its permit, if it needs one)
         case _:
             return  # running, waiting for its retry time or for a permit
-    limit = None if isinstance(fact, PermitReceived) else ctx.registry.limit_of(step)
+    limit = None if isinstance(fact, PermitReceived | StepHeld) else ctx.registry.limit_of(step)
     if limit is not None:
         ent = limit_id(limit.name)
         ask = Acquire(
