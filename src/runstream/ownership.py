@@ -71,8 +71,10 @@ class Partitions:
         self._to_restore = []
         if self.standbys is not None:  # their stores are ours from here on
             self.standbys.claim(partitions)
+        took = [time.monotonic()]  # when each phase ended, for the log line
         positions = engine_log.committed(partitions)
         ends = engine_log.end_offsets(partitions)
+        took.append(time.monotonic())
         with ThreadPoolExecutor(8) as pool:  # RocksDB opens them in parallel, off the GIL
             opened = pool.map(
                 lambda p: PartitionStore(self.state_dir / f"p{p}", self.codec), partitions
@@ -83,6 +85,7 @@ class Partitions:
             stores[p].retrack({})  # nothing to mark
         if empty and engine_log.state_topic is not None:  # a new owner: from the snapshots
             restore_snapshots({p: stores[p] for p in empty}, engine_log, stopping)
+        took.append(time.monotonic())
         # A standby's copy tracked no changes: the journal from the owner's last snapshot
         # marker it saw tells which runs the next snapshot must hold (`retrack`).
         marks = {p: m[0] for p, s in stores.items() if (m := s.standby_mark()) is not None}
@@ -102,11 +105,15 @@ class Partitions:
         for p, store in stores.items():
             self._owned[p] = _Owned(store, positions[p], ends[p], int(time.time() * 1000))
         engine_log.resume(partitions)
+        took.append(time.monotonic())
+        phases = [b - a for a, b in zip([started, *took], took, strict=False)]
         log.info(
-            "partitions %s restored: %d facts in %.2fs",
+            "partitions %s restored: %d facts in %.2fs (claim %.2fs, offsets %.2fs, stores "
+            "%.2fs, journal %.2fs)",
             partitions,
             facts,
             time.monotonic() - started,
+            *phases,
         )
         return stores
 
