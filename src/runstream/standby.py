@@ -23,6 +23,7 @@ once it reached that snapshot's journal offset.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -31,7 +32,14 @@ from pathlib import Path
 
 from runstream.engine.state import RunState
 from runstream.engine.work import LogRecord
-from runstream.projections.snapshot import MARKER_KEY, Unreadable, decode_marker, head_of
+from runstream.errors import DecodeError
+from runstream.projections.snapshot import (
+    MARKER_KEY,
+    Image,
+    Unreadable,
+    decode_marker,
+    head_of,
+)
 from runstream.projections.store import PartitionStore, catch_up
 from runstream.schemas.codec import Codec
 from runstream.topics.admin import Config
@@ -150,6 +158,7 @@ class Standbys:
                     with self._lock:
                         self._lock.wait(PLACEMENT_EVERY)
                     continue
+                self._fill(stores)
                 self._tail(reader, stores)
         except Exception:  # a standby is only a head start: never take the engine down
             log.exception("standby replicas stopped")
@@ -161,6 +170,52 @@ class Standbys:
                 self._held = set()
                 self._lock.notify_all()
             reader.close()
+
+    def _fill(self, stores: dict[int, PartitionStore]) -> None:
+        """Fill the empty copies from the owners' snapshots, as a new owner restores, so
+        the journal is read from their offset, not from its beginning. A copy a claim
+        takes meanwhile, or one whose snapshot is unreadable, stays empty."""
+        empty = [p for p, s in stores.items() if s.journal_offset == 0]
+        if self._state is None or not empty:
+            return
+        images, ends = {p: Image() for p in empty}, dict.fromkeys(empty, 0)
+        reader = PartitionReader(self._config, self._state)
+        try:
+            for records, positions in reader.read(dict.fromkeys(empty, 0), wait=0.1):
+                ends = positions
+                for rec in records:
+                    images[rec.partition].add(rec.key, rec.value)
+                if self._claimed & set(empty) or self._stopping.is_set():
+                    return
+        except (Unreadable, TimeoutError) as exc:
+            log.warning("standby copies %s start from the journal: %s", empty, exc)
+            return
+        finally:
+            reader.close()
+        for p, image in images.items():
+            if image.journal_offset is None:
+                continue
+            store, runs, count = stores[p], image.runs(), 0
+            try:
+                while batch := list(itertools.islice(runs, 2000)):
+                    if p in self._claimed or self._stopping.is_set():
+                        store.clear()  # not half a copy
+                        return
+                    count += store.load(batch, 0)
+            except (Unreadable, DecodeError) as exc:
+                log.warning("standby copy of partition %d starts from the journal: %s", p, exc)
+                store.clear()
+                store.saw_snapshot(0, 0)
+                continue
+            store.commit([], image.journal_offset)
+            store.saw_snapshot(image.journal_offset, ends.get(p, 0))
+            log.info(
+                "standby copy of partition %d filled from its snapshot: %d runs, journal "
+                "from offset %d",
+                p,
+                count,
+                image.journal_offset,
+            )
 
     def _tail(self, reader: PartitionReader, stores: dict[int, PartitionStore]) -> None:
         """Apply the journal and the owners' snapshots to ``stores`` until a claim, a stop

@@ -26,7 +26,7 @@ from .kit import (
     terminate,
     wait_for,
 )
-from .test_snapshots import _state_images
+from .test_snapshots import _snapshot_runs, _state_images
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -243,5 +243,62 @@ def test_after_a_takeover_from_a_standby_the_snapshots_hold_what_the_old_owner_n
     finally:
         if w1.poll() is None:
             kill(w1)
+        if w2 is not None:
+            assert terminate(w2, timeout=60) == 0
+
+
+def test_a_standby_with_an_empty_disk_fills_its_copies_from_the_snapshots(
+    kafka_bootstrap, ns, tmp_path
+):
+    """A standby that starts with no copy reads the owner's snapshots, then the journal
+    from their offset (not from its beginning), and ends up with the owner's projection."""
+    env = {**ENV, "RUNSTREAM_SNAPSHOT_INTERVAL": "0.5"}
+    state = tmp_path / "state"
+    state.mkdir()
+    w1 = spawn_worker(kafka_bootstrap, ns, state, "w1", **env)
+    w2 = None
+    try:
+        client = wait_for(lambda: client_or_none(ns, kafka_bootstrap), what="topics")
+        history = [f"h-{i}" for i in range(60)]
+        for run_id in history:
+            client.start("three_steps", 0, run_id=run_id, wait=False)
+        client.flush(30)
+        assert results(client, history, timeout=120) == dict.fromkeys(history, 3)
+        wait_for(
+            lambda: set(history) <= _snapshot_runs(kafka_bootstrap, ns),
+            timeout=60,
+            what="a snapshot of the history",
+        )
+        w2 = spawn_worker(kafka_bootstrap, ns, state, "w2", **env)
+        wait_for(
+            lambda: owns(state, ns, "w1") and owns(state, ns, "w2"),
+            timeout=60,
+            what="both instances to own partitions",
+        )
+        theirs = owns(state, ns, "w1")
+        for run_id in [f"late-{i}" for i in range(12)]:  # after the copies were filled
+            client.start("approval", None, run_id=run_id, wait=False)
+        client.flush(30)
+        log = tmp_path / "w2.log"
+        filled = re.compile(r"standby copy of partition (\d+) filled from its snapshot: (\d+)")
+        wait_for(
+            lambda: {int(m[1]) for m in filled.finditer(log.read_text())} >= set(theirs),
+            timeout=60,
+            what="w2's copies filled from the snapshots",
+        )
+        assert all(int(m[2]) > 0 for m in filled.finditer(log.read_text()))
+
+        def same() -> bool:
+            for p in theirs:
+                owner = _copy(state / ns / "w1" / f"p{p}")
+                copy = _copy(state / ns / "w2" / f"p{p}")
+                if owner[:2] != copy[:2]:
+                    return False
+            return True
+
+        wait_for(same, timeout=60, what="w2's copies to equal w1's projections")
+        client.close()
+    finally:
+        kill(w1)
         if w2 is not None:
             assert terminate(w2, timeout=60) == 0
