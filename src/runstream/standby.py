@@ -185,7 +185,9 @@ class Standbys:
                 ends = positions
                 for rec in records:
                     images[rec.partition].add(rec.key, rec.value)
-                if self._claimed & set(empty) or self._stopping.is_set():
+                with self._lock:
+                    claimed = bool(self._claimed & set(empty))
+                if claimed or self._stopping.is_set():
                     return
         except (Unreadable, TimeoutError) as exc:
             log.warning("standby copies %s start from the journal: %s", empty, exc)

@@ -45,6 +45,16 @@ def _stored_offset(store_dir: Path) -> int:
         store.close()
 
 
+def _w1_once_both_run(state: Path, ns: str) -> list[int]:
+    """The partitions w1 owns once w1 and w2 both own some."""
+    wait_for(
+        lambda: owns(state, ns, "w1") and owns(state, ns, "w2"),
+        timeout=60,
+        what="both instances to own partitions",
+    )
+    return owns(state, ns, "w1")
+
+
 def _restores(log: Path) -> list[tuple[set[int], int]]:
     return [
         ({int(p) for p in m.group(1).split(",")}, int(m.group(2)))
@@ -69,12 +79,7 @@ def test_a_standby_takes_a_killed_owners_partitions_restoring_only_the_last_fact
         assert results(client, history, timeout=120) == dict.fromkeys(history, 3)
 
         w2 = spawn_worker(kafka_bootstrap, ns, state, "w2", tmp_path / "steps.log", **ENV)
-        wait_for(
-            lambda: owns(state, ns, "w1") and owns(state, ns, "w2"),
-            timeout=60,
-            what="both instances to own partitions",
-        )
-        theirs = owns(state, ns, "w1")
+        theirs = _w1_once_both_run(state, ns)
         ends = journal_ends(kafka_bootstrap, ns)
         copies = {p: state / ns / "w2" / f"p{p}" for p in theirs}
         wait_for(
@@ -145,12 +150,7 @@ def test_a_standby_copy_drops_the_runs_its_owner_purged(kafka_bootstrap, ns, tmp
     try:
         client = wait_for(lambda: client_or_none(ns, kafka_bootstrap), what="topics")
         w2 = spawn_worker(kafka_bootstrap, ns, state, "w2", **env)
-        wait_for(
-            lambda: owns(state, ns, "w1") and owns(state, ns, "w2"),
-            timeout=60,
-            what="both instances to own partitions",
-        )
-        theirs = owns(state, ns, "w1")
+        theirs = _w1_once_both_run(state, ns)
         done = [f"done-{i}" for i in range(40)]
         live = [f"live-{i}" for i in range(8)]
         for run_id in done:
@@ -201,12 +201,7 @@ def test_after_a_takeover_from_a_standby_the_snapshots_hold_what_the_old_owner_n
         w2 = spawn_worker(
             kafka_bootstrap, ns, state, "w2", **ENV, RUNSTREAM_SNAPSHOT_INTERVAL="0.5"
         )
-        wait_for(
-            lambda: owns(state, ns, "w1") and owns(state, ns, "w2"),
-            timeout=60,
-            what="both instances to own partitions",
-        )
-        theirs = owns(state, ns, "w1")
+        theirs = _w1_once_both_run(state, ns)
         late = [f"late-{i}" for i in range(40)]  # after w1's last snapshot
         for run_id in late:
             client.start("approval", None, run_id=run_id, wait=False)
@@ -270,12 +265,7 @@ def test_a_standby_with_an_empty_disk_fills_its_copies_from_the_snapshots(
             what="a snapshot of the history",
         )
         w2 = spawn_worker(kafka_bootstrap, ns, state, "w2", **env)
-        wait_for(
-            lambda: owns(state, ns, "w1") and owns(state, ns, "w2"),
-            timeout=60,
-            what="both instances to own partitions",
-        )
-        theirs = owns(state, ns, "w1")
+        theirs = _w1_once_both_run(state, ns)
         for run_id in [f"late-{i}" for i in range(12)]:  # after the copies were filled
             client.start("approval", None, run_id=run_id, wait=False)
         client.flush(30)
