@@ -16,6 +16,7 @@ import json
 import re
 import threading
 import time
+from datetime import datetime
 from typing import Any
 
 import runstream
@@ -33,7 +34,11 @@ from .harness import (
 )
 from .workloads import _new_rep, _settings, engines, throughput
 
-RESTORED = re.compile(r"partitions \[([\d, ]+)\] restored: (\d+) facts in ([\d.]+)s")
+RESTORED = re.compile(
+    r"^(\S+ \S+) INFO runstream.worker: partitions \[([\d, ]+)\] restored: (\d+) facts in "
+    r"([\d.]+)s",
+    re.M,
+)
 SESSION_TIMEOUT_MS = 6000
 
 
@@ -74,7 +79,11 @@ def w11(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
     summary = {
         f"standbys_{n}": {
             k: spread(rep.get(k) for rep in reps if rep["standbys"] == n)
-            for k in ("kill_to_all_partitions_progress_s", "facts_restored_at_takeover")
+            for k in (
+                "kill_to_all_partitions_progress_s",
+                "kill_to_restored_s",
+                "facts_restored_at_takeover",
+            )
         }
         for n in (0, 1)
     }
@@ -112,7 +121,7 @@ def _kill_and_probe(bench: Bench, ns: str, victim: Any, survivor: Any, tag: str)
     lc = Lifecycle(bench.bootstrap, ns, f"{tag}-probe-".encode())
     try:
         with runstream.Client(ns, bench.bootstrap) as client:
-            t_kill = time.perf_counter()
+            t_kill, wall_kill = time.perf_counter(), time.time()
             victim.kill()
             for rid in probes:
                 client.start("w1", 1, run_id=rid, wait=False)
@@ -122,17 +131,24 @@ def _kill_and_probe(bench: Bench, ns: str, victim: Any, survivor: Any, tag: str)
         lc.stop()
     load.join(120)
     takeovers = [
-        (int(m[2]), float(m[3]))
+        (_wall(m[1]), int(m[3]), float(m[4]))
         for m in RESTORED.finditer(survivor.log_text())
-        if {int(p) for p in m[1].split(",")} & set(owned)
+        if {int(p) for p in m[2].split(",")} & set(owned)
     ]
-    facts, seconds = takeovers[-1] if takeovers else (None, None)
+    restored_at, facts, seconds = takeovers[-1] if takeovers else (None, None, None)
     return {
         "victim_partitions": owned,
         "kill_to_all_partitions_progress_s": round(t_done - t_kill, 3) if done else None,
         "facts_restored_at_takeover": facts,
         "takeover_restore_s": seconds,
+        # the survivor's log clock (ms): detection and rebalance, then the restore
+        "kill_to_restored_s": None if restored_at is None else round(restored_at - wall_kill, 3),
     }
+
+
+def _wall(stamp: str) -> float:
+    """A log line's local time stamp (``2026-12-02 11:52:37,138``) in seconds since the epoch."""
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def _swallow(fn: Any) -> None:

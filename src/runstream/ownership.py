@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,31 +71,49 @@ class Partitions:
         self._to_restore = []
         if self.standbys is not None:  # their stores are ours from here on
             self.standbys.claim(partitions)
+        took = [time.monotonic()]  # when each phase ended, for the log line
         positions = engine_log.committed(partitions)
         ends = engine_log.end_offsets(partitions)
+        took.append(time.monotonic())
         with ThreadPoolExecutor(8) as pool:  # RocksDB opens them in parallel, off the GIL
             opened = pool.map(
                 lambda p: PartitionStore(self.state_dir / f"p{p}", self.codec), partitions
             )
             stores = dict(zip(partitions, opened, strict=True))
         empty = [p for p, s in stores.items() if s.journal_offset == 0]
+        for p in empty:
+            stores[p].retrack({})  # nothing to mark
         if empty and engine_log.state_topic is not None:  # a new owner: from the snapshots
             restore_snapshots({p: stores[p] for p in empty}, engine_log, stopping)
-        offsets = {p: s.journal_offset for p, s in stores.items()}
-        facts = catch_up(stores, engine_log.read_journal(offsets, stopping))
+        took.append(time.monotonic())
+        # A standby's copy tracked no changes: the journal from the owner's last snapshot
+        # marker it saw tells which runs the next snapshot must hold (`retrack`).
+        marks = {p: m[0] for p, s in stores.items() if (m := s.standby_mark()) is not None}
+        offsets = {
+            p: min(s.journal_offset, marks.get(p) or s.journal_offset) for p, s in stores.items()
+        }
+        since: dict[int, dict[str, int]] = {p: {} for p in marks}
+        journal = _counting(engine_log.read_journal(offsets, stopping), since, stores)
+        facts = catch_up(stores, journal)
         if stopping():
             _close([*stores.values()])
             if self.standbys is not None:
                 self.standbys.unclaim(partitions)
             return {}
+        for p, counts in since.items():
+            stores[p].retrack(counts)
         for p, store in stores.items():
             self._owned[p] = _Owned(store, positions[p], ends[p], int(time.time() * 1000))
         engine_log.resume(partitions)
+        took.append(time.monotonic())
+        phases = [b - a for a, b in zip([started, *took], took, strict=False)]
         log.info(
-            "partitions %s restored: %d facts in %.2fs",
+            "partitions %s restored: %d facts in %.2fs (claim %.2fs, offsets %.2fs, stores "
+            "%.2fs, journal %.2fs)",
             partitions,
             facts,
             time.monotonic() - started,
+            *phases,
         )
         return stores
 
@@ -160,6 +178,22 @@ class Partitions:
             store.commit(runs, written.ends.get(p, store.journal_offset))
             changes += [(p, before, after) for before, after, _ in runs]
         return changes
+
+
+def _counting(
+    journal: Iterable[LogRecord],
+    since: dict[int, dict[str, int]],
+    stores: Mapping[int, PartitionStore],
+) -> Iterator[LogRecord]:
+    """The records of ``journal`` from each store's offset on; on the way, per partition
+    in ``since``, how many records each run has (from wherever the read began)."""
+    for rec in journal:
+        counts = since.get(rec.partition)
+        if counts is not None and rec.key is not None:
+            run_id = rec.key.decode(errors="replace")
+            counts[run_id] = counts.get(run_id, 0) + 1
+        if rec.offset >= stores[rec.partition].journal_offset:
+            yield rec
 
 
 def _close(stores: list[PartitionStore]) -> None:

@@ -12,16 +12,34 @@ A standby thread never writes a store the owner path holds: `claim` takes partit
 from it and returns once their stores are closed (before the owner opens them), and
 `unclaim` gives them back once the owner closed them. Nothing here is ever decided on:
 a standby store is only a head start for the restore, which catches up from its offset.
+
+A standby copy writes no snapshots, so it tracks no changed runs (they would grow with
+everything it tails). It also tails ``<ns>.state``: each owner snapshot's marker (the
+journal offset the owner's snapshot covers) is recorded in the copy, so its next owner
+knows which runs its first snapshot must hold (`PartitionStore.retrack`), and the runs
+the owner purged (finished_retention: their heads' tombstones) are purged from the copy
+once it reached that snapshot's journal offset.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
+from runstream.engine.state import RunState
+from runstream.engine.work import LogRecord
+from runstream.errors import DecodeError
+from runstream.projections.snapshot import (
+    MARKER_KEY,
+    Image,
+    Unreadable,
+    decode_marker,
+    head_of,
+)
 from runstream.projections.store import PartitionStore, catch_up
 from runstream.schemas.codec import Codec
 from runstream.topics.admin import Config
@@ -33,6 +51,8 @@ log = logging.getLogger("runstream.standby")
 
 #: How often the placement is asked of the group coordinator (seconds).
 PLACEMENT_EVERY = 2.0
+#: How often the owners' snapshots are read (seconds).
+SNAPSHOTS_EVERY = 0.5
 
 
 def placement(held: Mapping[str, Iterable[int]], me: str, replicas: int) -> set[int]:
@@ -54,6 +74,7 @@ class Standbys:
         config: the engine's client settings.
         group_id, client_id: the engine's consumer group, and this instance's client id in it.
         commands, journal: the topics (placement follows the assignment of ``commands``).
+        state: ``<ns>.state``, the owners' snapshots (None: no snapshots).
         state_dir: the instance's state directory (``p<N>`` per partition, as the owner's).
         replicas: standbys per partition across the group.
     """
@@ -65,11 +86,12 @@ class Standbys:
         client_id: str,
         commands: str,
         journal: str,
+        state: str | None,
         state_dir: Path,
         replicas: int,
     ) -> None:
         self._config, self._group, self._me = dict(config), group_id, client_id
-        self._commands, self._journal = commands, journal
+        self._commands, self._journal, self._state = commands, journal, state
         self._state_dir, self._replicas = state_dir, replicas
         self._codec = Codec.default()
         self._lock = threading.Condition()
@@ -79,6 +101,7 @@ class Standbys:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="runstream-standby", daemon=True)
         self.applied = 0  # facts applied since the start (for logs and tests)
+        self.purged = 0  # runs purged as their owners did
 
     @classmethod
     def of(cls, engine_log: KafkaLog, state_dir: Path, replicas: int) -> Standbys:
@@ -90,6 +113,7 @@ class Standbys:
             engine_log.client_id,
             topics.commands,
             topics.journal,
+            engine_log.state_topic,
             state_dir,
             replicas,
         )
@@ -134,22 +158,8 @@ class Standbys:
                     with self._lock:
                         self._lock.wait(PLACEMENT_EVERY)
                     continue
-                asked = time.monotonic()
-                start = {p: s.journal_offset for p, s in stores.items()}
-                for records, _ in reader.read(start, follow=True, wait=0.1):
-                    if records:
-                        with self._lock:  # a claim waits for this batch, then finds them closed
-                            self.applied += catch_up(
-                                {p: stores[p] for p in {r.partition for r in records}}, records
-                            )
-                    with self._lock:
-                        claimed = bool(self._claimed & set(stores))
-                    if claimed or self._stopping.is_set():
-                        break
-                    if time.monotonic() - asked > PLACEMENT_EVERY:
-                        if self._ask() != self._wanted:
-                            break
-                        asked = time.monotonic()
+                self._fill(stores)
+                self._tail(reader, stores)
         except Exception:  # a standby is only a head start: never take the engine down
             log.exception("standby replicas stopped")
         finally:
@@ -160,6 +170,83 @@ class Standbys:
                 self._held = set()
                 self._lock.notify_all()
             reader.close()
+
+    def _fill(self, stores: dict[int, PartitionStore]) -> None:
+        """Fill the empty copies from the owners' snapshots, as a new owner restores, so
+        the journal is read from their offset, not from its beginning. A copy a claim
+        takes meanwhile, or one whose snapshot is unreadable, stays empty."""
+        empty = [p for p, s in stores.items() if s.journal_offset == 0]
+        if self._state is None or not empty:
+            return
+        images, ends = {p: Image() for p in empty}, dict.fromkeys(empty, 0)
+        reader = PartitionReader(self._config, self._state)
+        try:
+            for records, positions in reader.read(dict.fromkeys(empty, 0), wait=0.1):
+                ends = positions
+                for rec in records:
+                    images[rec.partition].add(rec.key, rec.value)
+                with self._lock:
+                    claimed = bool(self._claimed & set(empty))
+                if claimed or self._stopping.is_set():
+                    return
+        except (Unreadable, TimeoutError) as exc:
+            log.warning("standby copies %s start from the journal: %s", empty, exc)
+            return
+        finally:
+            reader.close()
+        for p, image in images.items():
+            if image.journal_offset is None:
+                continue
+            store, runs, count = stores[p], image.runs(), 0
+            try:
+                while batch := list(itertools.islice(runs, 2000)):
+                    if p in self._claimed or self._stopping.is_set():
+                        store.clear()  # not half a copy
+                        return
+                    count += store.load(batch, 0)
+            except (Unreadable, DecodeError) as exc:
+                log.warning("standby copy of partition %d starts from the journal: %s", p, exc)
+                store.clear()
+                store.saw_snapshot(0, 0)
+                continue
+            store.commit([], image.journal_offset)
+            store.saw_snapshot(image.journal_offset, ends.get(p, 0))
+            log.info(
+                "standby copy of partition %d filled from its snapshot: %d runs, journal "
+                "from offset %d",
+                p,
+                count,
+                image.journal_offset,
+            )
+
+    def _tail(self, reader: PartitionReader, stores: dict[int, PartitionStore]) -> None:
+        """Apply the journal and the owners' snapshots to ``stores`` until a claim, a stop
+        or a new placement."""
+        asked = read_at = time.monotonic()
+        start = {p: s.journal_offset for p, s in stores.items()}
+        owners = OwnerSnapshots(self._config, self._state, stores)
+        try:
+            for records, _ in reader.read(start, follow=True, wait=0.1):
+                if records:
+                    with self._lock:  # a claim waits for this batch, then finds them closed
+                        self.applied += catch_up(
+                            {p: stores[p] for p in {r.partition for r in records}}, records
+                        )
+                if time.monotonic() - read_at > SNAPSHOTS_EVERY:
+                    owners.poll()
+                    with self._lock:
+                        self.purged += owners.apply(stores)
+                    read_at = time.monotonic()
+                with self._lock:
+                    claimed = bool(self._claimed & set(stores))
+                if claimed or self._stopping.is_set():
+                    return
+                if time.monotonic() - asked > PLACEMENT_EVERY:
+                    if self._ask() != self._wanted:
+                        return
+                    asked = time.monotonic()
+        finally:
+            owners.close()
 
     def _ask(self) -> set[int]:
         try:
@@ -177,8 +264,70 @@ class Standbys:
             for p in drop:
                 stores.pop(p).close()
             for p in sorted(add):
-                stores[p] = PartitionStore(self._state_dir / f"p{p}", self._codec)
+                stores[p] = PartitionStore(self._state_dir / f"p{p}", self._codec, standby=True)
             self._held = set(stores)
             self._lock.notify_all()
         if add or drop:
             log.info("standby for partitions %s", sorted(stores))
+
+
+class OwnerSnapshots:
+    """What a standby needs of the owners' snapshots in ``<ns>.state``: each marker, and
+    the heads a snapshot tombstoned (runs purged), per copy from the offset it recorded."""
+
+    def __init__(self, config: Config, topic: str | None, stores: dict[int, PartitionStore]):
+        self._config, self._topic = config, topic
+        self._reader: PartitionReader | None = None
+        self._reading: Iterator[tuple[list[LogRecord], dict[int, int]]] | None = None
+        self._purges: dict[int, list[tuple[str, int]]] = {}  # of the snapshot being read
+        # per partition, each snapshot read: (its marker, the next state offset, purges)
+        self._read: dict[int, list[tuple[int, int, list[tuple[str, int]]]]] = {}
+        self._start = {p: mark[1] for p, s in stores.items() if (mark := s.standby_mark())}
+
+    def poll(self) -> None:
+        """Read what is there (one short poll)."""
+        if self._topic is None or not self._start:
+            return
+        if self._reading is None:
+            self._reader = PartitionReader(self._config, self._topic)
+            self._reading = self._reader.read(self._start, follow=True, wait=0.02)
+        records, _ = next(self._reading)
+        for rec in records:
+            self.add(rec)
+
+    def apply(self, stores: dict[int, PartitionStore]) -> int:
+        """Apply each snapshot read whose journal offset its copy has reached; how many
+        runs were purged."""
+        return sum(self._apply(p, store) for p, store in stores.items())
+
+    def add(self, rec: LogRecord) -> None:
+        """Take one record of ``<ns>.state`` (in offset order per partition)."""
+        p = rec.partition
+        if rec.key == MARKER_KEY:
+            try:
+                marker = decode_marker(rec.value)
+            except Unreadable as exc:  # a newer engine's: its copies are only a head start
+                log.warning("standby: snapshot marker p%d@%d unreadable: %s", p, rec.offset, exc)
+                return
+            purged = self._purges.pop(p, [])
+            self._read.setdefault(p, []).append((marker, rec.offset + 1, purged))
+        elif rec.value is None and (run_id := head_of(rec.key)) is not None:
+            self._purges.setdefault(p, []).append((run_id, rec.timestamp_ms))
+
+    def _apply(self, p: int, store: PartitionStore) -> int:
+        purged, read = 0, self._read.get(p, [])
+        while read and read[0][0] <= store.journal_offset:
+            marker, next_offset, purges = read.pop(0)
+            for run_id, at_ms in purges:
+                state = store.get(run_id)
+                ended = state.ended_at_ms if isinstance(state, RunState) else None
+                if ended is not None and ended <= at_ms:  # not one started again since
+                    store.purge(run_id)
+                    purged += 1
+            store.saw_snapshot(marker, next_offset)
+        return purged
+
+    def close(self) -> None:
+        self._reading = None  # its last reference: it ends (unassigns) before the close
+        if self._reader is not None:
+            self._reader.close()

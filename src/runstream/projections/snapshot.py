@@ -73,6 +73,22 @@ def encode_marker(journal_offset: int) -> bytes:
     return bytes([FORMAT]) + _MARKER + journal_offset.to_bytes(8, "big")
 
 
+def decode_marker(value: bytes | None) -> int:
+    """The journal offset a marker's value says; `Unreadable` if it is not one."""
+    return int.from_bytes(_body(value, _MARKER, 8), "big")
+
+
+def head_of(key: bytes | None) -> str | None:
+    """The run id of a head's key; None for a chunk's key, the marker's, or bytes that
+    are no run id."""
+    if not key or key == MARKER_KEY or (len(key) > 5 and key[-5] == 0):
+        return None
+    try:
+        return key.decode()
+    except UnicodeDecodeError:
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class Run:
     """One run (or entity) of an image: its encoded facts, in order, and its heartbeats
@@ -97,7 +113,7 @@ class Image:
         if not key:
             raise Unreadable("a snapshot record with no key")
         if key == MARKER_KEY:
-            self.journal_offset = int.from_bytes(_body(value, _MARKER, 8), "big")
+            self.journal_offset = decode_marker(value)
             return
         is_chunk = len(key) > 5 and key[-5] == 0
         run, n = key[:-5], key[-4:]

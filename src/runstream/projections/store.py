@@ -16,6 +16,11 @@ Keys (raw bytes, so byte order is meaningful):
     m journal                           next journal offset to read (8B BE)
     m snapshots                         every run is in <ns>.state or has a d key (a
                                         projection begun before snapshots has not)
+    m standby                           a standby copy (`runstream.standby`) tracks no
+                                        changes: the journal offset of the owner's last
+                                        snapshot marker it saw (8B BE, 0: none) and the
+                                        next <ns>.state offset to read (8B BE); an owner
+                                        marks the runs changed since (`retrack`)
 
 A run's state is the fold of its facts (plus its heartbeats, which are not facts);
 recently used states stay in an LRU so the hot path rarely decodes. A new or emptied
@@ -29,7 +34,7 @@ import gc
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -47,6 +52,7 @@ log = logging.getLogger("runstream.projections")
 
 _OFFSET_KEY = b"mjournal"
 _COVERED_KEY = b"msnapshots"
+_STANDBY_KEY = b"mstandby"
 _SEQ_BIAS = 1 << 31  # compensation steps have negative seqs; keep keys unsigned
 
 
@@ -114,7 +120,13 @@ class PartitionStore:
     """The projection of one journal partition."""
 
     def __init__(
-        self, path: Path, codec: Codec, *, cache_size: int = 256, read_only: bool = False
+        self,
+        path: Path,
+        codec: Codec,
+        *,
+        cache_size: int = 256,
+        read_only: bool = False,
+        standby: bool = False,
     ) -> None:
         path.mkdir(parents=True, exist_ok=True)
         opts = Options(raw_mode=True)
@@ -143,6 +155,11 @@ class PartitionStore:
         }
         self._open_chunk: dict[str, int] = {}  # run id -> where its last chunk begins
         self.tombstones: list[bytes] = []  # snapshot keys of runs purged since
+        # A standby copy writes no snapshots: it tracks no change (memory and d keys
+        # would grow with every run it tails), and says so until an owner `retrack`s.
+        self.standby = standby
+        if standby and self.standby_mark() is None:
+            self.saw_snapshot(0, 0)
 
     @property
     def db(self) -> Rdict:
@@ -189,7 +206,8 @@ class PartitionStore:
             first = after.facts - len(encoded)
             for i, data in enumerate(encoded, start=first):
                 batch.put(_fact_key(run, i), data)
-            if not snapshotted and first < self.changed.get(after.run_id, first + 1):
+            tracked = not (snapshotted or self.standby)
+            if tracked and first < self.changed.get(after.run_id, first + 1):
                 self.changed[after.run_id] = first
                 batch.put(b"d" + run, first.to_bytes(4, "big"))
             old, new = index_keys(before), index_keys(after)
@@ -244,7 +262,9 @@ class PartitionStore:
         return [
             (k, v)
             for k, v in items
-            if isinstance(k, bytes) and not k.startswith(b"d") and k != _COVERED_KEY
+            if isinstance(k, bytes)
+            and not k.startswith(b"d")
+            and k not in (_COVERED_KEY, _STANDBY_KEY)
         ]
 
     def forget(self, run_id: str) -> None:
@@ -364,8 +384,53 @@ class PartitionStore:
         self._cache.pop(run_id, None)
         self.changed.pop(run_id, None)
         self._open_chunk.pop(run_id, None)
+        if self.standby:  # the owner wrote the tombstones
+            return
         self.tombstones += [snapshot.chunk_key(run_id, first) for first in snapshot.cut(sizes)]
         self.tombstones.append(snapshot.head_key(run_id))
+
+    # -- standby copies (`runstream.standby`) ------------------------------------------
+    def standby_mark(self) -> tuple[int, int] | None:
+        """(the journal offset of the owner's last snapshot marker seen, the next
+        ``<ns>.state`` offset to read) if a standby filled this copy since an owner
+        last `retrack`ed it, else None."""
+        raw = self.db.get(_STANDBY_KEY)
+        if raw is None:
+            return None
+        return int.from_bytes(raw[:8], "big"), int.from_bytes(raw[8:16], "big")
+
+    def saw_snapshot(self, marker: int, state_offset: int) -> None:
+        """A standby read the owner's snapshot up to ``state_offset``: every run is in
+        ``<ns>.state`` as of journal offset ``marker``."""
+        self.db.put(_STANDBY_KEY, marker.to_bytes(8, "big") + state_offset.to_bytes(8, "big"))
+
+    def retrack(self, window: Mapping[str, int]) -> int:
+        """An owner takes a standby copy: the runs changed since the owner's last
+        snapshot marker become changed here, for the next snapshot (``window``: run id ->
+        how many of its facts the journal holds from that marker to this copy's offset;
+        with no marker seen, every run). How many runs."""
+        mark = self.standby_mark()
+        if mark is None:
+            return 0
+        runs: Mapping[str, int] = window if mark[0] else dict.fromkeys(self.ids(""), 1 << 31)
+        batch = WriteBatch(raw_mode=True)
+        for run_id, n in runs.items():
+            first = max(0, self._fact_count(run_id) - n)
+            if first < self.changed.get(run_id, first + 1):
+                self.changed[run_id] = first
+                batch.put(b"d" + _run(run_id), first.to_bytes(4, "big"))
+        batch.delete(_STANDBY_KEY)
+        self.db.write(batch)
+        self.standby = False
+        return len(runs)
+
+    def _fact_count(self, run_id: str) -> int:
+        run = _run(run_id)
+        it = self.db.iter()
+        it.seek_for_prev(b"f" + run + b"\x01")
+        if it.valid() and (key := it.key()).startswith(b"f" + run + b"\x00"):
+            return int.from_bytes(key[-4:], "big") + 1
+        return 0
 
     def close(self, collect: bool = True) -> None:
         """Close and drop every handle, so the same path can be reopened in this process
