@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from runstream.app import App
     from runstream.client import Client, RunInfo, UpdateHandle
     from runstream.engine.entities import EntityContext, SharedContext, shared
-    from runstream.engine.replay import Context, Promise
     from runstream.engine.steps import StepContext
+    from runstream.engine.workflow_context import Context, Promise
     from runstream.errors import (
         BlobUnavailable,
         ChildFailed,
@@ -112,8 +112,8 @@ _HOME = {
     "Client": "runstream.client",
     "RunInfo": "runstream.client",
     "UpdateHandle": "runstream.client",
-    "Context": "runstream.engine.replay",
-    "Promise": "runstream.engine.replay",
+    "Context": "runstream.engine.workflow_context",
+    "Promise": "runstream.engine.workflow_context",
     "Settings": "runstream.settings",
     "StepContext": "runstream.engine.steps",
     "Worker": "runstream.worker",

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from runstream.engine.decide import Decider
 from runstream.engine.interceptors import ended, tell_ended
-from runstream.engine.replay import Overrun
+from runstream.engine.requests import Overrun
 from runstream.engine.state import LimitState, RunState, State
 from runstream.engine.waiters import Waiters
 from runstream.engine.work import Attempt, Batch, HandOver, LogRecord, StepJob, StepOutcome, Work

@@ -12,7 +12,8 @@ from runstream.audit import check_run
 from runstream.engine import payload
 from runstream.engine.limits import Limits
 from runstream.engine.reducer import fold
-from runstream.engine.replay import Blocked, replay
+from runstream.engine.replay import replay
+from runstream.engine.requests import Blocked
 from runstream.engine.workflow import Registry, StepPolicy, step_def, workflow_def
 from runstream.errors import SignalTimeout, StepError, TerminalStepError
 from runstream.schemas.records import StartRun

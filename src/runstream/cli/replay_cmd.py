@@ -27,14 +27,8 @@ from rich.table import Table
 from runstream.cli import exits, options
 from runstream.engine.partitioner import partition_for
 from runstream.engine.reducer import apply
-from runstream.engine.replay import (
-    Blocked,
-    Failed,
-    NonDeterministic,
-    Overran,
-    replay,
-    requested_op,
-)
+from runstream.engine.replay import replay
+from runstream.engine.requests import Blocked, Failed, NonDeterministic, Overran, requested_op
 from runstream.engine.state import RunState, Status
 from runstream.engine.workflow import Registry
 from runstream.errors import DecodeError, RunNotFound

@@ -39,7 +39,7 @@ from runstream.engine.workflow import WorkflowDef, workflow_def
 from runstream.schemas.records import entity_lock_id, entity_workflow
 
 if TYPE_CHECKING:
-    from runstream.engine.replay import Context
+    from runstream.engine.workflow_context import Context
 
 F = TypeVar("F", bound=Callable[..., Any])
 

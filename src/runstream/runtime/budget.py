@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-from runstream.engine.replay import Overrun
+from runstream.engine.requests import Overrun
 
 log = logging.getLogger("runstream.engine")
 

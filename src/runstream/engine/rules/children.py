@@ -4,7 +4,7 @@ children's ``parent_close`` (`ended`, from `core.emit`)."""
 
 from __future__ import annotations
 
-from runstream.engine.replay import ChildCall
+from runstream.engine.requests import ChildCall
 from runstream.engine.rules import blobs, core, runs
 from runstream.engine.rules.context import Rejected, Rules
 from runstream.engine.state import RunState, RunView, Status

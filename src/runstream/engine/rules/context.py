@@ -7,10 +7,11 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 from runstream.engine.limits import Limits
-from runstream.engine.replay import Replayer, Settled
+from runstream.engine.replay import Replayer
 from runstream.engine.state import RunState
 from runstream.engine.work import Batch
 from runstream.engine.workflow import Registry
+from runstream.engine.workflow_context import Settled
 from runstream.schemas.records import UPDATE_SEQ_BASE, Reason
 
 Activation = Callable[[str], AbstractContextManager[None]]
@@ -48,7 +49,7 @@ class Rules:
 
 
 def settled(b: Batch, st: RunState) -> Settled:
-    """What an earlier activation of the run's code saw settle (`replay.Settled`): what
+    """What an earlier activation of the run's code saw settle (`workflow_context.Settled`): what
     was settled before this batch and still is (a retry reopens failed steps), and not
     while the run was paused (its code sees that first now)."""
     before = b.runs[st.run_id].before if st.run_id in b.runs else st

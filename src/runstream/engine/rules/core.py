@@ -7,7 +7,8 @@ from typing import Any
 
 from runstream.engine import lifecycle, payload
 from runstream.engine.reducer import apply
-from runstream.engine.replay import (
+from runstream.engine.replay import replay
+from runstream.engine.requests import (
     Blocked,
     ChildCall,
     Completed,
@@ -22,7 +23,6 @@ from runstream.engine.replay import (
     SignalWait,
     SleepCall,
     StepCall,
-    replay,
 )
 from runstream.engine.rules import blobs, children, entities, limits, pause, runs, steps, updates
 from runstream.engine.rules.context import Rules, settled

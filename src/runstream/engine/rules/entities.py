@@ -15,8 +15,7 @@ from typing import Any
 
 from runstream.engine import lifecycle, payload
 from runstream.engine.entities import SHOW, EntityDef, load_state
-from runstream.engine.replay import EntityRead
-from runstream.engine.replay import _op as op_name
+from runstream.engine.requests import EntityRead, recorded_op
 from runstream.engine.rules import core
 from runstream.engine.rules.context import Rejected, Rules
 from runstream.engine.state import LimitState, RunState
@@ -122,7 +121,7 @@ def _waits(b: Batch, ent: LimitState) -> dict[str, list[str]]:
     for holder, _seq in ent.held:
         st = b.load(p, holder)  # committed, read only
         if isinstance(st, RunState) and st.exists:
-            out[holder] = [op_name(f) for _, f in sorted(st.pending.items())]
+            out[holder] = [recorded_op(f) for _, f in sorted(st.pending.items())]
     return out
 
 

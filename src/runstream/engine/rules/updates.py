@@ -18,11 +18,12 @@ are checked before the validator.
 from __future__ import annotations
 
 from runstream.engine import payload
-from runstream.engine.replay import Blocked, Completed, Context, Failed, Replay
+from runstream.engine.requests import Blocked, Completed, Failed, Replay
 from runstream.engine.rules import core, runs
 from runstream.engine.rules.context import Rejected, Rules, settled
 from runstream.engine.state import RunState, Status
 from runstream.engine.work import Batch
+from runstream.engine.workflow_context import Context
 from runstream.schemas.records import (
     MAX_UPDATES,
     RUN_PERMIT_SEQ,

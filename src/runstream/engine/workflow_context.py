@@ -1,0 +1,733 @@
+"""The `Context` a workflow gets as its first argument: its durable operations.
+
+Each durable call on the `Context` takes the next sequence number. If the history
+settled that number, the call returns the recorded result without doing anything;
+the first call without a recorded result suspends the workflow by awaiting a `Suspend`
+with its request (`engine.requests`), which its driver (`engine.replay`) gets out of
+the coroutine. Calls go through the interceptors' outbound links (`_Outbound` is the
+last). The update handlers a workflow registers run here too, with seqs of their own.
+
+Not to be confused with `engine.rules.context`, what the engine's rules share.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import random as _random
+import traceback
+import uuid as _uuid
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, NoReturn
+
+from runstream.engine import payload
+from runstream.engine.entities import CHAIN_HEADER, EntityRef, chain_of
+from runstream.engine.interceptors import (
+    ChildInput,
+    ContinueAsNewInput,
+    SignalInput,
+    SleepInput,
+    StepInput,
+    UpdateInput,
+    WorkflowInbound,
+    WorkflowOutbound,
+    chain,
+)
+from runstream.engine.limits import Limits
+from runstream.engine.requests import (
+    PARENT_CLOSE,
+    Abort,
+    Blocked,
+    ChildCall,
+    ChildHandle,
+    Compensation,
+    Completed,
+    ContinuedAsNew,
+    EntityRead,
+    EventWait,
+    Failed,
+    NonDeterministic,
+    Outcome,
+    Overrun,
+    PromiseWait,
+    Recorded,
+    SignalWait,
+    SleepCall,
+    StepCall,
+    Suspend,
+    close_coroutine,
+    recorded_op,
+)
+from runstream.engine.state import RunState
+from runstream.engine.workflow import Registry, seconds
+from runstream.errors import (
+    ChildFailed,
+    EventRefused,
+    EventTimeout,
+    NonDeterminismError,
+    PromiseRejected,
+    PromiseTimeout,
+    QueryFailed,
+    SignalTimeout,
+    StepError,
+)
+from runstream.schemas.records import (
+    UPDATE_SEQ_SPAN,
+    ChildEnded,
+    ChildStarted,
+    EventReceived,
+    EventTimedOut,
+    PromiseCompleted,
+    PromiseCreated,
+    RunEventSet,
+    SeqFact,
+    SignalReceived,
+    SignalTimedOut,
+    StepCompleted,
+    StepFailed,
+    TimerFired,
+    UpdateAccepted,
+    ValueRecorded,
+    promise_id,
+    update_seq,
+)
+
+#: The longest key of `Context.set_event`, in bytes of UTF-8 (a read model key holds it).
+MAX_EVENT_KEY_BYTES = 255
+
+#: A live query handler (`Context.query_handler`): called with the query's argument.
+QueryHandler = Callable[..., Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What an earlier activation of the run's code saw settle, so what is a replay to
+    the interceptors (``is_replaying``): the workflow's operations below seq ``below``,
+    and the update handlers' operations in ``handlers`` (seqs of their own)."""
+
+    below: int
+    handlers: frozenset[int] = frozenset()
+    everything: bool = False
+
+
+#: For a replay that re-runs a history (compensations, a relaunch, a query): all of it.
+ALL_SETTLED = Settled(1 << 62, everything=True)
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateHandler:
+    """An update handler the workflow registered (`Context.update_handler`)."""
+
+    name: str
+    fn: Callable[[Any], Awaitable[Any]]
+    validator: Callable[[Any], Any] | None
+
+
+class _HandlerRun:
+    """An accepted update's handler coroutine: its operations take seqs of their own
+    (`update_seq`), so it never shifts the workflow's."""
+
+    __slots__ = ("accepted", "coro", "n", "outcome")
+
+    def __init__(self, accepted: UpdateAccepted) -> None:
+        self.accepted = accepted
+        self.coro: Coroutine[Any, Any, Any] | None = None
+        self.n = 0  # operations taken
+        self.outcome: Outcome | None = None
+
+
+class Promise:
+    """A durable promise (`Context.promise`), named by ``id``: ``await promise`` gives
+    the value it was resolved with, or raises `PromiseRejected` or `PromiseTimeout`.
+    Awaiting it again gives the same outcome."""
+
+    __slots__ = ("_ctx", "id", "seq")
+
+    def __init__(self, ctx: Context, seq: int, pid: str) -> None:
+        self._ctx, self.seq, self.id = ctx, seq, pid
+
+    def __repr__(self) -> str:
+        return f"<Promise {self.id!r}>"
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._ctx._outcome(self).__await__()
+
+
+class Context:
+    """What a workflow gets as its first argument: the durable operations.
+
+    Each operation takes the next sequence number of the run; on replay it returns what
+    the run's history recorded for that number. Keep workflow code deterministic: use
+    `now`, `uuid` and `random` rather than the clock or `random`, and do I/O in steps.
+    """
+
+    def __init__(
+        self, state: RunState, registry: Registry, now_ms: int, limits: Limits | None = None
+    ) -> None:
+        self.run_id = state.run_id
+        self.workflow = state.workflow
+        self.version = state.version
+        self._state = state
+        self._registry = registry
+        self._now_ms = now_ms
+        self._seq = 0
+        self._new: list[Recorded] = []
+        self._compensations: list[Compensation] = []
+        self._limits = limits or Limits()
+        self._queries: dict[str, QueryHandler] = {}
+        self._querying = False  # a query handler runs: no durable operation may
+        self._keys: tuple[tuple[int, int], set[str]] | None = None  # (state, its keys)
+        #: Text headers the run carries (`runstream.interceptors`): read them, don't change.
+        self.headers: dict[str, str] = dict(state.headers)
+        self._settled = Settled(0)  # what was settled before this activation
+        interceptors = registry.interceptors
+        last: WorkflowOutbound = _Outbound(self)
+        self._outbound = chain(interceptors, last, lambda i, n: i.workflow_outbound(n))
+        self._inbound: WorkflowInbound = _NoInbound()  # bound by its _Live
+        self._update_handlers: dict[str, UpdateHandler] = {}
+        self._handler_runs: dict[str, _HandlerRun] = {}  # by update id, started
+        self._current: _HandlerRun | None = None  # the handler running now (its seqs)
+        # Where the workflow's code is: its operations and promise awaits so far. An update
+        # accepted while it waits is anchored there (`_start_handlers`).
+        self._points = 0
+        self._validating = False
+
+    @property
+    def is_replaying(self) -> bool:
+        """The code is re-running what an earlier activation of this run already got past
+        (a replay from the start after a restart or a cache miss, on any instance): do no
+        side effect meant to happen once (logging, spans) while it is True."""
+        settled = self._settled
+        if self._current is not None:  # an update handler's next operation: its own seqs
+            return settled.everything or self._peek() in settled.handlers
+        return self._seq < settled.below
+
+    def _opened_at(self, seq: int) -> int:
+        """When the operation at ``seq`` began: its open fact's time, or now (it begins)."""
+        fact = self._state.pending.get(seq) or self._state.resolved.get(seq)
+        return fact.at_ms if fact is not None else self._now_ms
+
+    # -- durable operations ------------------------------------------------------
+    async def step(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        compensate: Callable[..., Any] | None = None,
+        priority: int = 0,
+        fairness: str = "",
+    ) -> Any:
+        """Run ``fn(*args)`` once, durably; on replay return its recorded result.
+
+        ``compensate`` (called with the same arguments) is registered once the step
+        succeeds, and runs if the workflow later fails or is cancelled with compensation.
+        Raises `StepError` when the step failed after its retries.
+
+        For a step whose queue has a limit (`App.limit`), ``priority`` (higher first) and
+        ``fairness`` (a key such as a tenant: round robin between keys) order the wait.
+        """
+        sd = self._registry.step(fn)
+        seq = self._peek()
+        call = StepInput(
+            self.run_id,
+            seq,
+            sd.name,
+            args,
+            dict(self.headers),
+            sd.policy.group,
+            self._opened_at(seq),
+            self.is_replaying,
+            compensate,
+            priority,
+            str(fairness),
+            run_attempt=self._state.retries + 1,
+        )
+        return await self._outbound.step(call)
+
+    async def _step(self, call: StepInput) -> Any:
+        sd = self._registry.step_by_name(call.name)
+        seq, args = self._next(), call.args
+        fact = self._recorded(seq, "step " + sd.name)
+        while not isinstance(fact, StepCompleted | StepFailed) or (
+            isinstance(fact, StepFailed) and fact.retry_at_ms is not None
+        ):
+            await Suspend(StepCall(seq, sd, args, call.priority, call.fairness, call.headers))
+            fact = self._recorded(seq, "step " + sd.name)  # resumed: settled now?
+        call.attempt = fact.attempt
+        if isinstance(fact, StepFailed):
+            raise StepError(sd.name, fact.error)
+        assert isinstance(fact, StepCompleted)
+        if call.compensate is not None:
+            undo = self._registry.step(call.compensate)
+            self._compensations.append(Compensation(seq, undo, args))
+        value = payload.loads(fact.output)
+        return sd.output.validate_python(value) if sd.output is not None else value
+
+    async def sleep(self, duration: float | str) -> None:
+        """Sleep durably: seconds, or a string such as "5s", "10m", "1d"."""
+        secs, seq = seconds(duration), self._peek()
+        call = SleepInput(
+            self.run_id,
+            seq,
+            secs,
+            self.headers,
+            self._opened_at(seq),
+            self.is_replaying,
+            self._state.retries + 1,
+        )
+        await self._outbound.sleep(call)
+
+    async def _sleep(self, call: SleepInput) -> None:
+        seq = self._next()
+        while not isinstance(self._recorded(seq, "sleep"), TimerFired):
+            await Suspend(SleepCall(seq, call.seconds))
+
+    async def wait_for_signal(self, name: str, timeout: float | str | None = None) -> Any:
+        """The payload of the next signal ``name`` sent to this run (buffered if it came
+        earlier). Raises `SignalTimeout` when ``timeout`` passes first."""
+        secs = None if timeout is None else seconds(timeout)
+        replaying, seq = self.is_replaying, self._next()
+        since = self._opened_at(seq)
+        fact = self._recorded(seq, "signal " + name)
+        while not isinstance(fact, SignalReceived | SignalTimedOut):
+            await Suspend(SignalWait(seq, name, secs))
+            fact = self._recorded(seq, "signal " + name)
+        if isinstance(fact, SignalTimedOut):
+            raise SignalTimeout(f"no signal {name!r} for run {self.run_id!r} within {timeout}")
+        assert isinstance(fact, SignalReceived)
+        value = payload.loads(fact.payload)
+        got = SignalInput(
+            self.run_id,
+            seq,
+            name,
+            value,
+            self.headers,
+            since,
+            fact.at_ms,
+            replaying,
+            self._state.retries + 1,
+        )
+        return self._inbound.signal(got)
+
+    async def wait_for_event(
+        self, name: str, key: str = "", timeout: float | str | None = None
+    ) -> Any:
+        """The payload of the next event ``name`` published with correlation ``key``
+        (`Client.publish`): one published before the wait is received if still within its
+        time to live. Each event comes once to each wait; in a loop, in publish order.
+        Raises `EventTimeout` when ``timeout`` passes first."""
+        secs = None if timeout is None else seconds(timeout)
+        seq = self._next()
+        fact = self._recorded(seq, "event " + name)
+        while not isinstance(fact, EventReceived | EventTimedOut):
+            await Suspend(EventWait(seq, name, key, secs))
+            fact = self._recorded(seq, "event " + name)
+        if isinstance(fact, EventTimedOut):
+            raise EventTimeout(f"no event {name!r} (key {key!r}) within {timeout}")
+        return payload.loads(fact.payload)
+
+    async def child(
+        self, workflow: Callable[..., Any] | str, input: Any = None, *, run_id: str | None = None
+    ) -> Any:
+        """Run ``workflow`` as a child run and return its output once it completes.
+
+        The child's id is ``run_id``, by default ``<this run>/<seq>``: a replay never
+        starts a second one. Raises `ChildFailed` if the child fails, is cancelled, dies
+        or cannot start (an unknown workflow, an invalid input): the parent may catch it.
+        """
+        return await self._outbound.child(
+            self._child_input(workflow, input, run_id, True, "request_cancel")
+        )
+
+    def _child_input(
+        self,
+        workflow: Callable[..., Any] | str,
+        input: Any,
+        run_id: str | None,
+        awaited: bool,
+        parent_close: str,
+    ) -> ChildInput:
+        name, seq = self._registry.workflow_name(workflow), self._peek()
+        headers = dict(self.headers)
+        if parent_close == "abandon":  # it may outlive an entity call that started it
+            headers.pop(CHAIN_HEADER, None)
+        return ChildInput(
+            self.run_id,
+            seq,
+            name,
+            input,
+            run_id,
+            awaited,
+            parent_close,
+            headers,
+            self._opened_at(seq),
+            self.is_replaying,
+            self._state.retries + 1,
+        )
+
+    async def _child(self, c: ChildInput) -> Any:
+        if not c.awaited:
+            return await self._start_child(c)
+        call = self._child_call(c)
+        fact = self._recorded(call.seq, f"child {call.workflow}")
+        while not isinstance(fact, ChildEnded):
+            await Suspend(call)
+            fact = self._recorded(call.seq, f"child {call.workflow}")
+        if fact.status != "completed":
+            raise ChildFailed(fact.child_run_id, fact.status, fact.error or "")
+        return payload.loads(fact.output or b"null")
+
+    async def start_child(
+        self,
+        workflow: Callable[..., Any] | str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        parent_close: str = "request_cancel",
+    ) -> ChildHandle:
+        """Start ``workflow`` as a child run without waiting for it. ``parent_close``: if
+        this run ends first, ``request_cancel`` the child (with its compensations),
+        ``terminate`` it (without), or ``abandon`` it. Raises `ChildFailed` if it cannot
+        start."""
+        if parent_close not in PARENT_CLOSE:
+            raise ValueError(f"parent_close must be one of {PARENT_CLOSE}, not {parent_close!r}")
+        handle = await self._outbound.child(
+            self._child_input(workflow, input, run_id, False, parent_close)
+        )
+        assert isinstance(handle, ChildHandle)
+        return handle
+
+    async def _start_child(self, c: ChildInput) -> ChildHandle:
+        call = self._child_call(c)
+        fact = self._recorded(call.seq, f"child {call.workflow}")
+        while fact is None:
+            await Suspend(call)
+            fact = self._recorded(call.seq, f"child {call.workflow}")
+        if isinstance(fact, ChildEnded):  # it could not start
+            raise ChildFailed(fact.child_run_id, fact.status, fact.error or "")
+        assert isinstance(fact, ChildStarted)
+        return ChildHandle(fact.child_run_id)
+
+    def _child_call(self, c: ChildInput) -> ChildCall:
+        seq = self._next()
+        child_id = c.child_run_id or f"{self.run_id}/{seq}"
+        data = payload.dumps(c.input)
+        return ChildCall(seq, c.workflow, data, child_id, c.awaited, c.parent_close, c.headers)
+
+    def promise(self, timeout: float | str | None = None) -> Promise:
+        """A durable promise. Its ``id``, ``<run_id>/promise/<seq>``, is recorded in the
+        decision that goes on to the code after this call, so a step that sends the id
+        counts only once the id is on the journal (and a replay gives the same id).
+        Anyone completes it, once: `Client.resolve` / `Client.reject`, ``runstream
+        promise resolve|reject``, or a plain `CompletePromise` record; a completion that
+        comes before the workflow awaits it is kept. ``timeout`` (from now) completes it
+        as timed out if nobody did by then: its await raises `PromiseTimeout`, and a
+        later completion is refused."""
+        secs = None if timeout is None else seconds(timeout)
+        seq = self._next()
+        pid = promise_id(self.run_id, seq)
+        if self._recorded(seq, "promise") is None:
+            due = None if secs is None else self._now_ms + int(secs * 1000)
+            self._new.append(
+                PromiseCreated(
+                    self.run_id, self._now_ms, seq=seq, promise_id=pid, timeout_at_ms=due
+                )
+            )
+        return Promise(self, seq, pid)
+
+    async def _outcome(self, promise: Promise) -> Any:
+        """What awaiting ``promise`` gives: its outcome once recorded (no seq of its own:
+        the promise's completion, or its timeout, is the one fact that settles it)."""
+        if self._current is None:  # an await takes no seq, but the code may wait here
+            self._point()
+        fact = self._recorded(promise.seq, "promise")
+        while not isinstance(fact, PromiseCompleted):
+            await Suspend(PromiseWait(promise.seq))
+            fact = self._recorded(promise.seq, "promise")
+        if fact.timed_out:
+            raise PromiseTimeout(promise.id, fact.error or f"promise {promise.id!r} timed out")
+        if fact.error is not None:
+            raise PromiseRejected(promise.id, fact.error)
+        return payload.loads(fact.value or b"null")
+
+    def set_event(self, key: str, value: Any = None) -> None:
+        """Publish ``value`` under ``key`` for readers outside the run: a fact in the
+        journal (a replay does not record it again) and a ``run.event_set`` event on the
+        lifecycle stream, which `Client.get_event` reads from the runs read model, with
+        no engine needed. Setting a key again replaces its value. Raises `EventRefused`
+        for a value larger than `Limits.event_value` bytes of JSON, or a new key past
+        `Limits.event_keys` keys in this run."""
+        seq = self._next()
+        key = str(key)
+        if self._recorded(seq, "set_event " + key) is not None:
+            return
+        if not 0 < len(key.encode()) <= MAX_EVENT_KEY_BYTES:
+            raise EventRefused(f"an event key is 1 to {MAX_EVENT_KEY_BYTES} bytes, not {key!r}")
+        data = payload.dumps(value)
+        most = min(self._limits.event_value, self._limits.payload)
+        if len(data) > most:
+            raise EventRefused(
+                f"ctx.set_event({key!r}): the value is {len(data):,} bytes of JSON; "
+                f"the limit is {most:,} (Limits.event_value)"
+            )
+        keys = self._event_keys()
+        if key not in keys and len(keys) >= self._limits.event_keys:
+            raise EventRefused(
+                f"ctx.set_event({key!r}): run {self.run_id!r} has set {len(keys)} keys, the "
+                "limit (Limits.event_keys); set one of them again, or keep a dict in one key"
+            )
+        self._new.append(RunEventSet(self.run_id, self._now_ms, seq=seq, key=key, value=data))
+        keys.add(key)
+
+    def _event_keys(self) -> set[str]:
+        """The keys this run has set so far (recorded, and earlier in this replay): read
+        from the history once per state the code runs against, not once per call."""
+        token = (id(self._state), self._state.facts)
+        if self._keys is None or self._keys[0] != token:
+            facts = [*self._state.resolved.values(), *self._new]
+            self._keys = (token, {f.key for f in facts if isinstance(f, RunEventSet)})
+        return self._keys[1]
+
+    def query_handler(self, name: str) -> Callable[[QueryHandler], QueryHandler]:
+        """Declare a live query handler, as a decorator, on a plain (not async) function:
+        ``client.query(run_id, name, arg)`` calls it (with ``arg`` if it takes one) on the
+        run's owner, on the workflow as replayed to its current state, and answers with
+        what it returns (JSON). Handlers read the workflow's variables (a closure); they
+        may not call durable operations, and a query never changes the journal. Declare
+        them before the first wait so every query finds them."""
+
+        def register(fn: QueryHandler) -> QueryHandler:
+            if inspect.iscoroutinefunction(inspect.unwrap(fn)):
+                raise TypeError(f"query handler {name!r} must be a plain def, not async")
+            self._queries[name] = fn
+            return fn
+
+        return register
+
+    def now(self) -> datetime:
+        """The time, recorded on first execution so replays see the same value."""
+        return datetime.fromtimestamp(self._value("now", lambda: self._now_ms) / 1000, UTC)
+
+    def uuid(self) -> str:
+        """A random UUID (hex with dashes), recorded on first execution."""
+        return str(self._value("uuid", lambda: str(_uuid.uuid4())))
+
+    def random(self) -> float:
+        """A random float in [0, 1), recorded on first execution."""
+        return float(self._value("random", lambda: _random.Random(os.urandom(16)).random()))
+
+    def entity(self, name: str, key: str) -> EntityRef:
+        """Key ``key`` of durable entity ``name`` (`App.entity`):
+        ``await ctx.entity("cart", key).call("add", item)`` is a journaled call."""
+        return EntityRef(self, name, key, chain_of(self.headers))
+
+    async def _read(self, lock: str, handler: str, asked: Any) -> Any:
+        """A shared entity read (`EntityRef.read`): asked the first time, its answer a
+        fact (`PromiseCompleted`) a replay returns. Raises `QueryFailed` with the
+        handler's error."""
+        seq = self._next()
+        fact = self._recorded(seq, "promise")
+        while not isinstance(fact, PromiseCompleted):
+            pid = promise_id(self.run_id, seq)
+            await Suspend(EntityRead(seq, pid, lock, handler, payload.dumps(asked)))
+            fact = self._recorded(seq, "promise")
+        if fact.error is not None:
+            raise QueryFailed(fact.error)
+        return payload.loads(fact.value or b"null")
+
+    def continue_as_new(self, input: Any = None) -> None:
+        """End this run and start ``<run_id>~N`` with ``input`` and a fresh history."""
+        call = ContinueAsNewInput(
+            self.run_id, input, dict(self.headers), self.is_replaying, self._state.retries + 1
+        )
+        self._outbound.continue_as_new(call)
+
+    def update_handler(
+        self,
+        name: str,
+        fn: Callable[[Any], Awaitable[Any]] | None = None,
+        *,
+        validator: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        """Handle updates ``name`` (`Client.update`) with ``fn(arg)``, an ``async def``
+        that may await steps, sleeps and waits like workflow code and whose return value
+        is the update's result. ``validator(arg)``, a plain function, runs first on the
+        run's current state inside the engine's decision: if it raises, the update is
+        rejected with its error and leaves no trace in the history. Used as a decorator
+        without ``fn``. Register handlers before the workflow's first durable call, so a
+        run can take updates as soon as it starts (update-with-start)."""
+
+        def register(f: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
+            self._update_handlers[name] = UpdateHandler(name, f, validator)
+            return f
+
+        return register if fn is None else register(fn)
+
+    # -- internals ---------------------------------------------------------------
+    def _peek(self) -> int:
+        """The seq the next operation will take (`_next`), for the interceptors' inputs."""
+        h = self._current
+        return self._seq + 1 if h is None else update_seq(h.accepted.index, h.n + 1)
+
+    def _next(self) -> int:
+        if self._querying:
+            raise RuntimeError(
+                "a query handler may not call durable operations (ctx.step, ctx.set_event, "
+                "ctx.now, ...): a query never changes the run"
+            )
+        if self._validating:
+            raise RuntimeError(
+                "an update validator may not call durable operations (ctx.step, ctx.now, "
+                "...): it only reads the workflow's state; do the work in the handler"
+            )
+        h = self._current
+        if h is not None:  # an update handler's operation: a seq of its own
+            h.n += 1
+            if h.n >= UPDATE_SEQ_SPAN:
+                raise RuntimeError(f"an update handler may do {UPDATE_SEQ_SPAN - 1} operations")
+            return update_seq(h.accepted.index, h.n)
+        self._seq += 1
+        self._point()
+        return self._seq
+
+    def _point(self) -> None:
+        """The workflow's code reached its next point (where it may wait)."""
+        self._points += 1
+        if self._state.updates:
+            self._start_handlers()
+
+    # -- update handlers (rules.updates) ---------------------------------------------
+    def _start_handlers(self) -> None:
+        """Start the handlers of the updates accepted at or before the workflow's point
+        now. An update is accepted while the workflow waits at its point ``anchor`` (an
+        operation, or a promise's await); a replay starts its handler once the code gets
+        there again, before it sees what it waits for: what the handler changes before
+        its first await, the workflow's code sees at the same point every time."""
+        for uid, accepted in self._state.updates.items():
+            if accepted.anchor > self._points or uid in self._handler_runs:
+                continue
+            h = self._handler_runs[uid] = _HandlerRun(accepted)
+            handler = self._update_handlers.get(accepted.name)
+            if handler is None:
+                err = NonDeterminismError(
+                    self.run_id, accepted.anchor, f"update {accepted.name}", "no such handler"
+                )
+                raise Abort(NonDeterministic(err))
+            self._drive(h, accepted.arg)
+
+    def _resume_handlers(self) -> None:
+        """Resume the handlers that wait, after the workflow's code suspended or ended."""
+        for h in list(self._handler_runs.values()):
+            if isinstance(h.outcome, Blocked):
+                self._drive(h)
+
+    def _drive(self, h: _HandlerRun, arg: bytes | None = None) -> None:
+        """Run handler ``h`` (started with ``arg``, the first time) until it waits or ends:
+        its outcome."""
+        prev, self._current = self._current, h
+        try:
+            if arg is not None:  # through the inbound links to the handler
+                a = h.accepted
+                again = a.update_id in self._state.update_results or self.is_replaying
+                start = UpdateInput(
+                    self.run_id, a.update_id, a.name, payload.loads(arg), self.headers, again,
+                    self._state.retries + 1,
+                )  # fmt: skip
+                h.coro = self._inbound.update(start)
+            if h.coro is None:
+                return
+            yielded = h.coro.send(None)
+        except StopIteration as stop:
+            h.coro, h.outcome = None, Completed(stop.value)
+        except Abort as abort:
+            h.coro = None
+            if isinstance(abort.outcome, NonDeterministic):
+                raise
+            h.outcome = Failed("RuntimeError: an update handler may not continue as new", "")
+        except Overrun:
+            raise
+        except BaseException as exc:  # user code, as in `_Live._step`
+            h.coro = None
+            h.outcome = Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        else:
+            if isinstance(yielded, Suspend):
+                h.outcome = Blocked(yielded.request)
+            else:
+                close_coroutine(h.coro)
+                h.coro = None
+                h.outcome = Failed("TypeError: an update handler may only await Runstream "
+                                   f"operations, not {yielded!r}", "")  # fmt: skip
+        finally:
+            self._current = prev
+
+    def _open_updates(self) -> list[tuple[UpdateAccepted, Outcome]]:
+        """The handlers whose update has no outcome in the history yet, and theirs now."""
+        done = self._state.update_results
+        return [
+            (h.accepted, h.outcome)
+            for uid, h in self._handler_runs.items()
+            if h.outcome is not None and uid not in done
+        ]
+
+    def _validate(self, handler: UpdateHandler, arg: Any) -> None:
+        """Run ``handler``'s validator on the workflow's state now; it raises to reject."""
+        if handler.validator is None:
+            return
+        self._validating = True
+        try:
+            if isinstance(result := handler.validator(arg), Coroutine):
+                result.close()
+                raise TypeError("an update validator must be a plain function, not async")
+        finally:
+            self._validating = False
+
+    def _recorded(self, seq: int, op: str) -> SeqFact | None:
+        fact = self._state.resolved.get(seq) or self._state.pending.get(seq)
+        if fact is None:
+            for new in self._new:  # values recorded earlier in this same replay
+                if new.seq == seq:
+                    fact = new
+        if fact is not None and (got := recorded_op(fact)) not in (op, op.partition(" ")[0]):
+            raise Abort(NonDeterministic(NonDeterminismError(self.run_id, seq, got, op)))
+        return fact
+
+    def _value(self, name: str, make: Callable[[], Any]) -> Any:
+        seq = self._next()
+        fact = self._recorded(seq, "value " + name)
+        if fact is None:
+            fact = ValueRecorded(
+                self.run_id, self._now_ms, seq=seq, name=name, value=payload.dumps(make())
+            )
+            self._new.append(fact)
+        assert isinstance(fact, ValueRecorded)
+        return payload.loads(fact.value)
+
+
+class _Outbound(WorkflowOutbound):
+    """The last outbound link: the operations themselves."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+
+    async def step(self, input: StepInput) -> Any:
+        return await self._ctx._step(input)
+
+    async def child(self, input: ChildInput) -> Any:
+        return await self._ctx._child(input)
+
+    async def sleep(self, input: SleepInput) -> None:
+        await self._ctx._sleep(input)
+
+    def continue_as_new(self, input: ContinueAsNewInput) -> NoReturn:
+        raise Abort(ContinuedAsNew(input.input, input.headers))
+
+
+class _NoInbound(WorkflowInbound):
+    """Before a context is bound to its coroutine (`_Live`): a signal passes as is."""
+
+    def __init__(self) -> None:
+        pass
+
+    def signal(self, input: SignalInput) -> Any:
+        return input.payload
