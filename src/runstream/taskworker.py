@@ -141,6 +141,7 @@ class TaskWorker:
         self._log: TaskLog | None = None
         self._slots = _Slots(concurrency, self._work)
         self._offsets = _Offsets()
+        self._sent = _SentResults()
         self._generation: dict[int, int] = {}  # partition -> its current assignment's number
         # tasks whose result Kafka took (or that need none): (generation, partition, offset)
         self._ended: queue.SimpleQueue[tuple[int, int, int]] = queue.SimpleQueue()
@@ -317,14 +318,20 @@ class TaskWorker:
             self._skipped(task)
             self._ended.put(ended)
             return
-        result = self._attempt(tl, task)
-        self._count("results" if result.ok else "failed")
+        data = self._sent.get(task)
+        if data is None:
+            result = self._attempt(tl, task)
+            self._count("results" if result.ok else "failed")
+            data = self.codec.encode(result)
+            self._sent.put(task, data)
+        else:  # this process ran it already: the same result again, not a second body
+            self._count("resent")
         key = task.run_id.encode()
         tl.send(
             self.topics.commands,
             partition_for(key, tl.partitions),
             key,
-            self.codec.encode(result),
+            data,
             self._ender(ended, f"the result of {task.run_id}/{task.seq}"),
         )
 
@@ -517,6 +524,34 @@ class _Served:
             adapter = self.params[i] if i < len(self.params) else self.rest
             out.append(value if adapter is None else adapter.validate_python(value))
         return tuple(out)
+
+
+class _SentResults:
+    """The results this process sent, by run and attempt id, the oldest forgotten past
+    ``max_bytes``. A task delivered again to the same process (stopped after its result
+    was sent and before the task's offset was committed, its partition then given back
+    to it) gets the same result again instead of a second run of its body; the engine
+    keeps the first one it receives of an attempt. Thread-safe (the slots' threads)."""
+
+    def __init__(self, max_bytes: int = 16 << 20) -> None:
+        self._max = max_bytes
+        self._by: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, task: StepTask) -> bytes | None:
+        with self._lock:
+            return self._by.get((task.run_id, task.attempt_id)) if task.attempt_id else None
+
+    def put(self, task: StepTask, data: bytes) -> None:
+        key = (task.run_id, task.attempt_id)
+        if not task.attempt_id or len(data) > self._max or key in self._by:
+            return
+        with self._lock:
+            self._by[key] = data
+            self._bytes += len(data)
+            while self._bytes > self._max:
+                self._bytes -= len(self._by.popitem(last=False)[1])
 
 
 class _Offsets:

@@ -267,6 +267,28 @@ def test_each_task_gets_a_result_with_its_attempt_id_on_its_runs_partition(
         assert msg.partition() == partition_for(msg.key(), PARTITIONS)
 
 
+def test_a_task_delivered_again_to_the_same_worker_gets_its_result_again_not_a_second_body(
+    kafka_bootstrap, ns, setup
+):
+    """A worker stopped (SIGSTOP) after sending a result and before committing the task's
+    offset is given the task again when it wakes: CI's chaos run saw the body run twice,
+    after the engine had committed the first result. Here the same task is on the topic
+    twice, which delivers it again to the one worker."""
+    _, bodies, serve = setup
+    serve()
+    task = _task("r-again", "add", [1, 2])
+    produce(kafka_bootstrap, ns, [task, task])
+
+    def two_results() -> list[dict] | None:
+        got = [r for r, _ in commands(kafka_bootstrap, ns, "StepResult")]
+        return got if len(got) >= 2 else None
+
+    first, second = wait_for(two_results, timeout=60, what="two results")
+    assert first == second  # the same attempt, the same result, sent twice
+    assert payload.loads(first["output"]) == 3
+    assert bodies.ran["add"] == 1
+
+
 def test_unknown_steps_and_invalid_arguments_fail_for_good_with_a_clear_error(
     kafka_bootstrap, ns, setup
 ):
