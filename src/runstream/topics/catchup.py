@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient
 
 from runstream.engine.work import LogRecord
 from runstream.errors import KafkaFatal, KafkaUnavailable
-from runstream.topics.admin import Config, wait_for_cluster
+from runstream.topics.admin import Config, transient, wait_for_cluster
 from runstream.topics.kafka import as_record
 from runstream.topics.logs import last_error
 
@@ -78,13 +78,22 @@ class PartitionReader:
             raise self._unavailable(f"describing {self.topic}", exc) from None
         bounds = {}
         for info in description.partitions:
-            tp = TopicPartition(self.topic, info.id)
-            try:
-                low, high = self._consumer.get_watermark_offsets(tp, timeout=self._timeout)
-            except KafkaException as exc:
-                raise self._unavailable(f"reading the offsets of {self.topic}", exc) from None
+            low, high = self._watermarks(TopicPartition(self.topic, info.id))
             bounds[info.id] = (int(low), int(high))
         return TopicLayout(str(description.topic_id), bounds)
+
+    def _watermarks(self, tp: TopicPartition) -> tuple[int, int]:
+        """``tp``'s watermarks, asked again while Kafka's answer is transient (a topic
+        created a moment ago: its leader is not known yet, NOT_LEADER_FOR_PARTITION)."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                low, high = self._consumer.get_watermark_offsets(tp, timeout=self._timeout)
+                return int(low), int(high)
+            except KafkaException as exc:
+                if not transient(exc.args[0]) or time.monotonic() > deadline:
+                    raise self._unavailable(f"reading the offsets of {self.topic}", exc) from None
+            time.sleep(0.2)
 
     def offset_at(self, partition: int, at_ms: int) -> int | None:
         """The first offset of ``partition`` with a timestamp at or after ``at_ms``; None
