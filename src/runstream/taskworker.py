@@ -545,9 +545,11 @@ class _SentResults:
 
     def put(self, task: StepTask, data: bytes) -> None:
         key = (task.run_id, task.attempt_id)
-        if not task.attempt_id or len(data) > self._max or key in self._by:
+        if not task.attempt_id or len(data) > self._max:
             return
         with self._lock:
+            if key in self._by:
+                return
             self._by[key] = data
             self._bytes += len(data)
             while self._bytes > self._max:
