@@ -34,6 +34,7 @@ EventTimeout(RunstreamError, TimeoutError)   wait_for_event(timeout=...) expired
 PromiseTimeout(RunstreamError, TimeoutError) ctx.promise(timeout=...) expired uncompleted
 StepTimeout(RunstreamError, TimeoutError)    a step attempt ran past its timeout
 OwnerUnavailable(RunstreamError, TimeoutError) client.query(): no engine answered in time
+QueryTimeout(QueryFailed, TimeoutError)      ctx.entity(...).read(timeout=...) unanswered
 EventRefused(RunstreamError, ValueError)     ctx.set_event past its caps (value size, keys)
 EventNotSet(RunstreamError, LookupError)     get_event(wait=...): the run ended without it
 """
@@ -316,6 +317,11 @@ class EventNotSet(RunstreamError, LookupError):
 class QueryFailed(RunstreamError):
     """``client.query``: the run has no such query handler (yet), or the handler raised;
     the message says which."""
+
+
+class QueryTimeout(QueryFailed, TimeoutError):
+    """A workflow's ``ctx.entity(...).read(..., timeout=...)``: no answer by its timeout
+    (the key's partition had no owner that long, say). A later answer is dropped."""
 
 
 class OwnerUnavailable(RunstreamError, TimeoutError):

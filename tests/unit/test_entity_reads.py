@@ -10,7 +10,7 @@ from runstream import App
 from runstream.engine import payload
 from runstream.engine.entities import call_input
 from runstream.engine.reducer import fold
-from runstream.errors import QueryFailed
+from runstream.errors import QueryFailed, QueryTimeout
 from runstream.schemas.records import (
     TO_RUN,
     CompletePromise,
@@ -107,6 +107,14 @@ async def reads(ctx: runstream.Context, handler: str) -> object:
         return await ctx.entity("cart", "ann").read(handler)
     except QueryFailed as exc:
         return f"failed: {exc}"
+
+
+@app.workflow()
+async def reads_within(ctx: runstream.Context, seconds: float) -> object:
+    try:
+        return await ctx.entity("cart", "ann").read("count", timeout=seconds)
+    except QueryTimeout as exc:
+        return f"timed out: {exc}"
 
 
 @app.workflow(timeout="30s")
@@ -279,6 +287,60 @@ def test_a_read_in_flight_when_its_run_times_out_is_kept_for_the_runs_retry():
     core.command(Retry("w", "again", retry_id="r1"))
     pump(core)
     assert output(core, "w") == 0 and asked == ["ann"]
+
+
+def test_a_read_unanswered_by_its_timeout_raises_query_timeout_and_its_late_answer_is_dropped():
+    core = Core(app.registry)
+    core.start("w", "reads_within", 5)
+    held = pump(core, keep=LiveQuery)  # its partition has no owner: nobody answers
+    core.advance(5)
+    pump(core)
+    out = output(core, "w")
+    assert isinstance(out, str) and out.startswith("timed out: ")
+    assert "'count' of entity 'cart' key 'ann'" in out
+    for q in held:  # the owner answers at last
+        core.command(q)
+    pump(core)
+    assert not core.dead and output(core, "w") == out
+    assert [f.timed_out for f in core.facts("w", "PromiseCompleted")] == [True]
+
+
+def test_a_read_answered_before_its_timeout_returns_and_its_timeout_never_fires():
+    core = Core(app.registry)
+    call(core, "ann", "1", "add", "pear")
+    pump(core)
+    core.start("w", "reads_within", 5)
+    pump(core)
+    assert output(core, "w") == 1 and not core.state("w").timers()
+    core.advance(10)
+    pump(core)
+    assert [f.timed_out for f in core.facts("w", "PromiseCompleted")] == [False]
+
+
+def test_an_outbound_interceptor_sees_a_workflows_read_and_may_change_its_argument():
+    seen: list[tuple[str, str, str, object, float | None, bool]] = []
+
+    class Reads(runstream.interceptors.WorkflowOutbound):
+        async def entity_read(self, input: runstream.interceptors.EntityReadInput) -> object:
+            read = (input.entity, input.key, input.handler, input.arg, input.timeout)
+            seen.append((*read, input.is_replaying))
+            input.key = "bob"  # read another key than the code asked for
+            return await self.next.entity_read(input)
+
+    class Tracing(runstream.interceptors.Interceptor):
+        def workflow_outbound(self, next: runstream.interceptors.WorkflowOutbound) -> Reads:
+            return Reads(next)
+
+    traced = App("reads-traced", interceptors=[Tracing()])
+    traced.entity("cart")(Cart)
+    traced.workflow()(reads_within)
+    core = Core(traced.registry)
+    call(core, "bob", "1", "add", "pear")
+    pump(core)
+    core.start("w", "reads_within", 5)
+    pump(core)
+    assert output(core, "w") == 1 and asked == ["bob"]  # bob's cart, not ann's
+    assert seen[0] == ("cart", "ann", "count", None, 5.0, False)
 
 
 def test_the_workflow_tester_runs_a_workflows_read():

@@ -42,6 +42,7 @@ def test_public_names_are_pinned():
         "PromiseRejected",
         "PromiseTimeout",
         "QueryFailed",
+        "QueryTimeout",
         "QueueFull",
         "RunCancelled",
         "RunEvent",

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from runstream.engine import payload
 from runstream.engine.workflow import WorkflowDef, workflow_def
-from runstream.schemas.records import entity_lock_id, entity_workflow
+from runstream.schemas.records import entity_workflow
 
 if TYPE_CHECKING:
     from runstream.engine.workflow_context import Context
@@ -200,14 +200,15 @@ class EntityRef:
         out = await self._ctx.child(entity_workflow(self._name), call)
         return out["result"]
 
-    async def read(self, handler: str, arg: Any = None) -> Any:
+    async def read(self, handler: str, arg: Any = None, timeout: float | str | None = None) -> Any:
         """What shared handler ``handler`` returns for ``arg`` on the key's state as last
         committed (never behind an exclusive call), recorded in the journal the first
         time: a replay returns the recorded answer, never asks again. The ask waits in
-        the log while the key's partition has no owner. Raises `QueryFailed` if the
-        handler raised or does not exist (the run may catch it, or fails)."""
-        asked = {"entity": self._name, "key": self._key, "arg": arg}
-        return await self._ctx._read(entity_lock_id(self._name, self._key), handler, asked)
+        the log while the key's partition has no owner, up to ``timeout`` (seconds or
+        ``"30s"``; None: as long as it takes). Raises `QueryFailed` if the handler raised
+        or does not exist, `QueryTimeout` if no answer came by the timeout (the run may
+        catch either, or fails)."""
+        return await self._ctx.entity_read(self._name, self._key, handler, arg, timeout)
 
 
 def call_input(key: str, handler: str, arg: Any, chain: Iterable[Any] = ()) -> dict[str, Any]:

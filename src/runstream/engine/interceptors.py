@@ -169,6 +169,24 @@ class ChildInput:
 
 
 @dataclass(slots=True)
+class EntityReadInput:
+    """A shared read of an entity's key from workflow code (`EntityRef.read`); change
+    ``key``, ``arg`` or ``timeout`` (seconds, None: none) before calling ``next``."""
+
+    run_id: str
+    seq: int
+    entity: str
+    key: str
+    handler: str
+    arg: Any
+    timeout: float | None
+    headers: Mapping[str, str]
+    started_at_ms: int
+    is_replaying: bool
+    run_attempt: int = 1  # 1, then 2 after the run's first retry (`Client.retry`), ...
+
+
+@dataclass(slots=True)
 class SleepInput:
     run_id: str
     seq: int
@@ -293,6 +311,10 @@ class WorkflowOutbound:
 
     async def sleep(self, input: SleepInput) -> None:
         await self.next.sleep(input)
+
+    async def entity_read(self, input: EntityReadInput) -> Any:
+        """The shared handler's answer (`EntityRef.read`)."""
+        return await self.next.entity_read(input)
 
     def continue_as_new(self, input: ContinueAsNewInput) -> NoReturn:
         self.next.continue_as_new(input)

@@ -100,6 +100,7 @@ class EntityRead:
     lock: str  # the key's lock (`records.entity_lock_id`): its owner answers
     handler: str
     arg: bytes  # JSON: {"entity", "key", "arg"}, as a client's shared call
+    timeout: float | None = None  # seconds: its promise times out if unanswered by then
 
 
 Request = StepCall | SleepCall | SignalWait | ChildCall | EventWait | PromiseWait | EntityRead

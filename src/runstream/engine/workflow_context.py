@@ -27,6 +27,7 @@ from runstream.engine.entities import CHAIN_HEADER, EntityRef, chain_of
 from runstream.engine.interceptors import (
     ChildInput,
     ContinueAsNewInput,
+    EntityReadInput,
     SignalInput,
     SleepInput,
     StepInput,
@@ -70,6 +71,7 @@ from runstream.errors import (
     PromiseRejected,
     PromiseTimeout,
     QueryFailed,
+    QueryTimeout,
     SignalTimeout,
     StepError,
 )
@@ -90,6 +92,7 @@ from runstream.schemas.records import (
     TimerFired,
     UpdateAccepted,
     ValueRecorded,
+    entity_lock_id,
     promise_id,
     update_seq,
 )
@@ -522,16 +525,40 @@ class Context:
         ``await ctx.entity("cart", key).call("add", item)`` is a journaled call."""
         return EntityRef(self, name, key, chain_of(self.headers))
 
-    async def _read(self, lock: str, handler: str, asked: Any) -> Any:
-        """A shared entity read (`EntityRef.read`): asked the first time, its answer a
-        fact (`PromiseCompleted`) a replay returns. Raises `QueryFailed` with the
-        handler's error."""
+    async def entity_read(
+        self, entity: str, key: str, handler: str, arg: Any, timeout: float | str | None
+    ) -> Any:
+        """`EntityRef.read`, through the outbound interceptors."""
+        seq = self._peek()
+        call = EntityReadInput(
+            self.run_id,
+            seq,
+            entity,
+            key,
+            handler,
+            arg,
+            None if timeout is None else seconds(timeout),
+            self.headers,
+            self._opened_at(seq),
+            self.is_replaying,
+            self._state.retries + 1,
+        )
+        return await self._outbound.entity_read(call)
+
+    async def _read(self, call: EntityReadInput) -> Any:
+        """A shared entity read: asked the first time, its answer (or its timeout) a fact
+        (`PromiseCompleted`) a replay returns. Raises `QueryFailed` with the handler's
+        error, `QueryTimeout` past ``call.timeout``."""
         seq = self._next()
+        lock, pid = entity_lock_id(call.entity, call.key), promise_id(self.run_id, seq)
+        asked = payload.dumps({"entity": call.entity, "key": call.key, "arg": call.arg})
         fact = self._recorded(seq, "promise")
         while not isinstance(fact, PromiseCompleted):
-            pid = promise_id(self.run_id, seq)
-            await Suspend(EntityRead(seq, pid, lock, handler, payload.dumps(asked)))
+            await Suspend(EntityRead(seq, pid, lock, call.handler, asked, call.timeout))
             fact = self._recorded(seq, "promise")
+        if fact.timed_out:
+            what = f"{call.handler!r} of entity {call.entity!r} key {call.key!r}"
+            raise QueryTimeout(f"no answer of {what} within {call.timeout} s")
         if fact.error is not None:
             raise QueryFailed(fact.error)
         return payload.loads(fact.value or b"null")
@@ -718,6 +745,9 @@ class _Outbound(WorkflowOutbound):
 
     async def sleep(self, input: SleepInput) -> None:
         await self._ctx._sleep(input)
+
+    async def entity_read(self, input: EntityReadInput) -> Any:
+        return await self._ctx._read(input)
 
     def continue_as_new(self, input: ContinueAsNewInput) -> NoReturn:
         raise Abort(ContinuedAsNew(input.input, input.headers))

@@ -78,7 +78,11 @@ def ask(b: Batch, st: RunState, read: EntityRead) -> None:
     none now (a handover): a read never fails for want of an owner."""
     if read.seq in st.resolved:
         return  # asked already
-    core.emit(b, st, PromiseCreated(st.run_id, b.now, seq=read.seq, promise_id=read.promise_id))
+    due = None if read.timeout is None else b.now + int(read.timeout * 1000)
+    created = PromiseCreated(
+        st.run_id, b.now, seq=read.seq, promise_id=read.promise_id, timeout_at_ms=due
+    )
+    core.emit(b, st, created)
     asked = LiveQuery(
         read.lock,
         read.promise_id,
