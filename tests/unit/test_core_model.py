@@ -47,6 +47,7 @@ from runstream.errors import (
     EventTimeout,
     PromiseRejected,
     PromiseTimeout,
+    QueryTimeout,
     SignalTimeout,
 )
 from runstream.interceptors import Interceptor, StepInput, WorkflowOutbound
@@ -305,8 +306,13 @@ async def caller(ctx: Any, n: int) -> int:
 @app.workflow
 async def reader(ctx: Any, n: int) -> list[int]:
     """Reads the entity's key ``n % 2`` with a shared handler (asked once, its answer a
-    fact), then records what it read in a step."""
-    seen = await ctx.entity("tally", str(n % 2)).read("total")
+    fact), within 3 s when ``n`` is a multiple of 3 (a timed-out read gives [-1, -1]),
+    then records what it read in a step."""
+    try:
+        timeout = 3 if n % 3 == 0 else None
+        seen = await ctx.entity("tally", str(n % 2)).read("total", timeout=timeout)
+    except QueryTimeout:
+        seen = [-1, -1]
     await ctx.step(work, seen[1])
     return list(seen)
 
@@ -525,8 +531,13 @@ def reader_problems(shell: Shell) -> list[str]:
         if st.workflow != "reader" or st.status != Status.COMPLETED:
             continue
         answers = [f for f in shell.facts(run_id) if isinstance(f, PromiseCompleted)]
-        if len(answers) != 1 or shell.value(answers[0].value) != shell.value(st.output):
+        timed_out = len(answers) == 1 and answers[0].timed_out
+        got = [-1, -1] if timed_out else shell.value(answers[0].value) if answers else None
+        if len(answers) != 1 or got != shell.value(st.output):
             out.append(f"{run_id}: returned {shell.value(st.output)}, its answers {answers}")
+            continue
+        if timed_out and shell.value(st.input) % 3:
+            out.append(f"{run_id}: a read without a timeout timed out")
             continue
         seen = shell.value(st.output)
         lock = shell.state(entity_lock_id("tally", str(shell.value(st.input) % 2)))
