@@ -72,7 +72,7 @@ def jvm_options(jmx_port: int, gc_log: Path) -> list[str]:
         "-Djava.rmi.server.hostname=127.0.0.1",
         "-Dcom.sun.management.jmxremote.authenticate=false",
         "-Dcom.sun.management.jmxremote.ssl=false",
-        f"-Xlog:gc:file={gc_log}:uptime",
+        f"-Xlog:gc,gc+phases:file={gc_log}:uptime",  # gc+phases: ZGC logs its pauses there
     ]
 
 

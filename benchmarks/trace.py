@@ -175,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--debug", default="", help="librdkafka debug contexts for the engine")
     p.add_argument("--slowest", type=int, default=12, help="slow runs shown in full")
     p.add_argument("--warmup-seconds", type=float, default=30, help="W2 load first (broker JIT)")
+    p.add_argument(
+        "--broker-metrics", action="store_true", help="the broker's request metrics beside"
+    )
     p.add_argument("--keep", action="store_true", help="keep the work dir (engine log, events)")
     args = p.parse_args(argv)
 
@@ -190,11 +193,14 @@ def main(argv: list[str] | None = None) -> int:
 
     replies: list[tuple[float, str, int]] = []
     _listen(replies)
-    with Bench(args.bootstrap, keep=args.keep) as bench:
+    broker = None
+    with Bench(args.bootstrap, args.keep, broker_metrics=args.broker_metrics) as bench:
         if args.warmup_seconds > 0:
             from .workloads import warm_broker
 
             warm_broker(bench, args.warmup_seconds)
+        if bench.broker_stats is not None:
+            bench.broker_stats.since_last()  # not the warm-up's
         ns = bench.namespace(f"trace{args.workload}", 0)
         events = bench.work / "engine-trace.jsonl"
         env = {TRACE_ENV: str(events)}
@@ -208,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                 runs = list(_drive(args.workload, client, lc, args.runs, args.warmup))
         finally:
             lc.stop()
+        if bench.broker_stats is not None:
+            broker = bench.broker_stats.since_last()  # with the traced warm-up runs
         engine.stop()
         engine_events = [json.loads(line) for line in events.read_text().splitlines()]
         log(f"work dir {bench.work}; engine log {engine.logs[-1]}")
@@ -216,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep:
         (bench.work / "runs.json").write_text(json.dumps(runs))
     _report(runs, args.slowest, latency_stats)
+    if broker is not None:
+        from .brokerstats import summary
+
+        print(summary(broker))
     return 0
 
 
@@ -231,6 +243,10 @@ def _report(runs: list[dict[str, Any]], slowest: int, stats: Callable[..., Any])
         values = [r["hops"][name] for r in runs if r["hops"].get(name) is not None]
         if values:
             print(f"  {name:8} {_fmt(stats(values))}")
+    for call in ("begin", "send_offsets", "commit"):  # the first transaction's calls
+        values = [r["calls"][call] for r in runs if call in r.get("calls", {})]
+        if values:
+            print(f"    {call:14} {_fmt(stats(values))}")
     print(f"slowest {slowest} (ms):")
     print("  total  " + " ".join(f"{n:>7}" for n in names) + "  txns  poll(wait, blocked)  calls")
     for r in sorted(runs, key=lambda r: r["t0"] - r["done"])[:slowest]:
