@@ -11,6 +11,7 @@ the peers' harnesses (see ``benchmarks/compare.py``).
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import traceback
 from collections.abc import Callable
@@ -137,6 +138,25 @@ def parser() -> argparse.ArgumentParser:
         "warm the broker's JIT up; 0 to skip (default 60)",
     )
     p.add_argument(
+        "--broker-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a server.properties setting of the local broker beyond its defaults "
+        "(repeatable), e.g. num.io.threads=4",
+    )
+    p.add_argument(
+        "--broker-jvm",
+        default="",
+        help="JVM options of the local broker after its defaults, e.g. '-Xmx1g'",
+    )
+    p.add_argument(
+        "--broker-metrics",
+        action="store_true",
+        help="the local broker's request metrics (JMX) and GC pauses per workload, in its "
+        "JSON under broker.stats and as one line on stderr",
+    )
+    p.add_argument(
         "--keep", action="store_true", help="keep the work dir (broker data, engine state and logs)"
     )
     return p
@@ -154,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return compare.main(argv[1:])
     args = parser().parse_args(argv)
-    from . import workloads
+    from . import brokerstats, workloads
     from .harness import Bench, log, write_result
 
     functions = _functions()
@@ -164,15 +184,22 @@ def main(argv: list[str] | None = None) -> int:
             if name not in names:
                 names.append(name)
     failed = []
-    with Bench(args.bootstrap, keep=args.keep) as bench:
+    config = dict(kv.split("=", 1) for kv in args.broker_config)
+    jvm = shlex.split(args.broker_jvm)
+    with Bench(args.bootstrap, args.keep, config, jvm, args.broker_metrics) as bench:
         if args.warmup_seconds > 0:
             workloads.warm_broker(bench, args.warmup_seconds)
+        if bench.broker_stats is not None:
+            bench.broker_stats.since_last()  # the warm-up's requests are not the workload's
         for name in names:
             bench.settle()  # the broker busy with the last workload's aftermath skews this one
             log(f"{name}: starting")
             try:
                 record, summary = functions[name](bench, args, _argv_for(argv, name))
                 record["invoked_as"] = "python -m benchmarks " + " ".join(argv)
+                if bench.broker_stats is not None:
+                    record["broker"]["stats"] = stats = bench.broker_stats.since_last()
+                    log(f"{name} {brokerstats.summary(stats)}")
             except (KeyboardInterrupt, SystemExit):
                 raise
             except Exception as exc:

@@ -41,6 +41,8 @@ from runstream.engine.partitioner import partition_for
 from runstream.schemas.codec import Codec
 from runstream.topics.admin import client_config, ensure_topics
 
+from .brokerstats import BrokerStats, jvm_options
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
 PARTITIONS = 12
@@ -485,9 +487,22 @@ class Engine:
 class Bench:
     """The broker, the work dir and every process of one benchmark session."""
 
-    def __init__(self, bootstrap: str | None = None, keep: bool = False) -> None:
+    def __init__(
+        self,
+        bootstrap: str | None = None,
+        keep: bool = False,
+        broker_config: dict[str, str] | None = None,
+        broker_jvm: list[str] | None = None,
+        broker_metrics: bool = False,
+    ) -> None:
         self.work = Path(tempfile.mkdtemp(prefix="runstream-bench-"))
         self.keep = keep
+        # the local broker's server.properties and JVM options beyond its defaults, and
+        # whether to read its request metrics and GC log after each workload
+        self.broker_config = broker_config or {}
+        self.broker_jvm = broker_jvm or []
+        self.broker_stats: BrokerStats | None = None
+        self._broker_metrics = broker_metrics
         self.kafka: localkafka.LocalKafka | None = None
         self.bootstrap = bootstrap or ""
         self.external = bootstrap is not None
@@ -504,8 +519,19 @@ class Bench:
         try:
             if not self.external:
                 libs = localkafka.ensure_jars(progress=log)
+                jvm = list(self.broker_jvm)
+                if self._broker_metrics:
+                    port, gc_log = localkafka.free_port(), self.work / "broker-gc.log"
+                    jvm += jvm_options(port, gc_log)
+                    self.broker_stats = BrokerStats(self.work, port, gc_log)
                 self.kafka = localkafka.LocalKafka(
-                    self.work / "kafka", nodes=1, libs=libs, die_with_parent=True, progress=log
+                    self.work / "kafka",
+                    nodes=1,
+                    libs=libs,
+                    die_with_parent=True,
+                    progress=log,
+                    overrides=self.broker_config,
+                    jvm_opts=jvm,
                 )
                 self.bootstrap = self.kafka.start()
                 self.broker_startup_s = round(self.kafka.startup_seconds, 2)
@@ -854,6 +880,8 @@ def base_record(bench: Bench, workload: str, title: str, argv: list[str]) -> dic
             "nodes": 1,
             "startup_s": bench.broker_startup_s,
             "warmup": bench.warmup,
+            "config": bench.broker_config,  # beyond the local broker's defaults
+            "jvm": bench.broker_jvm,
         },
         "partitions": PARTITIONS,
     }

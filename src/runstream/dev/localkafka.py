@@ -44,6 +44,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import KafkaError, KafkaException
+
 from runstream.errors import ConfigError, KafkaSetupError
 from runstream.settings import broker_alive, cache_dir, local_bootstrap, local_broker_file
 from runstream.supervisor import die_with_parent
@@ -182,6 +184,11 @@ def _log_tail(path: Path, lines: int = 30) -> str:
     return head + _tail(text, lines)
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free now."""
+    return _free_ports(1)[0]
+
+
 def _free_ports(count: int) -> list[int]:
     # Hold all sockets until every port is picked, so no port is handed out twice.
     socks = []
@@ -260,7 +267,9 @@ class LocalKafka:
     """One (nodes=1) or three (nodes=3) combined broker+controller JVMs on 127.0.0.1.
 
     `port` fixes node 0's client port (others are free ports). `overrides` adds or replaces
-    server.properties keys on every node. Nodes are indexed 0..nodes-1 (node.id = index + 1).
+    server.properties keys on every node; `jvm_opts` go to the brokers' JVMs after the
+    defaults (a later ``-Xmx`` or GC flag wins), e.g. a JMX port or a GC log to measure
+    with. Nodes are indexed 0..nodes-1 (node.id = index + 1).
     `security="sasl_ssl"`: see the module docstring; `users` (name -> password) are SCRAM
     users besides `admin`, whose password is made up; `client_config(user)` is what a
     client needs.
@@ -277,6 +286,7 @@ class LocalKafka:
         progress: Progress = _quiet,
         security: str = "plaintext",
         users: dict[str, str] | None = None,
+        jvm_opts: list[str] | None = None,
     ) -> None:
         if nodes not in (1, 3):
             raise ConfigError(f"nodes must be 1 or 3, not {nodes}")
@@ -287,6 +297,7 @@ class LocalKafka:
         self.libs = Path(libs) if libs else libs_dir()
         self.port = port
         self.overrides = overrides or {}
+        self.jvm_opts = jvm_opts or []
         self.die_with_parent = die_with_parent
         self.progress = progress
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * nodes
@@ -444,10 +455,11 @@ class LocalKafka:
             text = "".join(f"{k}={v}\n" for k, v in self._properties(i).items())
             (self.node_dir(i) / "server.properties").write_text(text)
 
-    def _java(self, i: int, main: list[str]) -> list[str]:
+    def _java(self, i: int, main: list[str], extra: list[str] | None = None) -> list[str]:
         return [
             self._java_path,
             *JVM_OPTS,
+            *(extra or []),
             f"-Dkafka.logs.dir={self.node_dir(i)}",
             f"-Dlog4j2.configurationFile={self.work_dir / 'log4j2.properties'}",
             "-cp",
@@ -530,7 +542,8 @@ class LocalKafka:
                 )
 
     def _spawn(self, i: int) -> None:
-        cmd = self._java(i, ["kafka.Kafka", str(self.node_dir(i) / "server.properties")])
+        main = ["kafka.Kafka", str(self.node_dir(i) / "server.properties")]
+        cmd = self._java(i, main, self.jvm_opts)  # the broker's only (not the format tool's)
         with open(self.log_path(i), "ab") as log:
             proc = subprocess.Popen(
                 cmd,
@@ -650,9 +663,33 @@ def _warm_up(bootstrap: str, extra: dict[str, str]) -> None:
     producer.commit_transaction(30)
     consumer = Consumer({**conf, "group.id": "runstream-warmup", "enable.auto.commit": False})
     try:
-        consumer.commit(offsets=[TopicPartition(topic, 0, 1)], asynchronous=False)
+        commit_when_loaded(consumer, [TopicPartition(topic, 0, 1)], timeout=60)
     finally:
         consumer.close()
+
+
+#: A group coordinator answers these while it loads or moves (a busy machine's first minute).
+_LOADING = (
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.NOT_COORDINATOR,
+)
+
+
+def commit_when_loaded(
+    consumer: Any, offsets: list[Any], timeout: float, pause: float = 0.2
+) -> None:
+    """Commit ``offsets`` synchronously, again while the group coordinator is loading, for
+    up to ``timeout`` seconds; any other refusal, or the last one, is raised."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            consumer.commit(offsets=offsets, asynchronous=False)
+            return
+        except KafkaException as exc:
+            if exc.args[0].code() not in _LOADING or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
 
 
 # ---------------------------------------------------------------- the `runstream kafka` broker

@@ -1,0 +1,265 @@
+"""Where the time of one W1 or W3 run goes: ``python -m benchmarks.trace [W1|W3] [flags]``.
+
+Runs one engine process with hooks around its Kafka calls (nothing is added to the
+engine's code: the hooks wrap methods from outside, in this tool's process only), drives
+sequential W1 or W3 runs from a client with a hook on its reply listener, and prints, for
+the slowest runs and as percentiles over all, how long each hop took:
+
+    send     client's start/signal until Kafka acknowledged it (the flush)
+    to_poll  acknowledged until the engine's poll returned the command
+    decide   poll returned until the transaction began (decide, and the chain of steps)
+    commit   the transaction: begin, produce, send offsets, commit (each apart too)
+    more     further transactions of the run (a chain that ran out of budget)
+    reply    the last commit returned until the client's listener got the reply
+    wake     reply received until result() returned
+
+Each engine event is a JSON line with its wall time (ms) in a file beside the work dir.
+``--debug eos,fetch`` adds librdkafka's own debug contexts to the engine's log (kept with
+``--keep``). Meant for a quiet machine: the hooks cost a little, not the tail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+TRACE_ENV = "RUNSTREAM_TRACE_FILE"
+
+
+# ----------------------------------------------------------------- the engine side
+
+
+def _hooks(path: str) -> None:
+    """Wrap the engine's poll, its transaction calls and its batch commit with events."""
+    from runstream import worker
+    from runstream.topics import kafka
+
+    out = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process's life
+
+    def emit(ev: str, **kw: Any) -> None:
+        out.write(json.dumps({"t": time.time() * 1000, "ev": ev, **kw}) + "\n")
+
+    poll = kafka.KafkaLog.poll
+
+    def traced_poll(self: kafka.KafkaLog, timeout: float, limit: int) -> list[Any]:
+        t0 = time.time() * 1000
+        records = poll(self, timeout, limit)
+        if records:
+            keys = [(r.key or b"").decode(errors="replace") for r in records]
+            emit("poll", t0=t0, wait=timeout, keys=keys, ts=[r.timestamp_ms for r in records])
+        return records
+
+    kafka.KafkaLog.poll = traced_poll  # type: ignore[method-assign]
+
+    if os.environ.get("RUNSTREAM_KAFKA_DEBUG"):  # librdkafka's own lines, with its timestamps
+        config = kafka.client_config
+
+        def unlogged(*a: Any, **kw: Any) -> dict[str, Any]:
+            return {k: v for k, v in config(*a, **kw).items() if k != "logger"}
+
+        kafka.client_config = unlogged  # type: ignore[assignment]
+
+    for name in ("begin", "send_offsets", "commit"):
+        call = getattr(kafka.KafkaLog, name)
+
+        def timed(self: Any, *a: Any, _call: Callable[..., Any] = call, _n: str = name) -> Any:
+            t0 = time.time() * 1000
+            try:
+                return _call(self, *a)
+            finally:
+                emit(_n, t0=t0)
+
+        setattr(kafka.KafkaLog, name, timed)
+
+    commit = worker.commit
+
+    def traced_commit(engine_log: Any, b: Any, *a: Any, **kw: Any) -> Any:
+        t0 = time.time() * 1000
+        try:
+            return commit(engine_log, b, *a, **kw)
+        finally:
+            emit("txn", t0=t0, runs=list(b.runs), facts=len(b.effects.facts))
+
+    worker.commit = traced_commit  # type: ignore[assignment]
+
+
+def engine_main(argv: list[str]) -> None:
+    """``python -m benchmarks.trace engine <runstream worker args>``: the worker, hooked."""
+    _hooks(os.environ[TRACE_ENV])
+    from runstream.cli.main import cli
+
+    cli.main(["worker", *argv, "--no-supervise"], prog_name="runstream")
+
+
+# ----------------------------------------------------------------- the client side
+
+
+def _listen(events: list[tuple[float, str, int]]) -> None:
+    """Record when the client's reply listener got each record (and its timestamp)."""
+    from runstream.topics import kafka
+
+    poll = kafka.Listener.poll
+
+    def traced(self: kafka.Listener, timeout: float) -> list[Any]:
+        records = poll(self, timeout)
+        now = time.time() * 1000
+        events.extend((now, (r.key or b"").decode(), r.timestamp_ms) for r in records)
+        return records
+
+    kafka.Listener.poll = traced  # type: ignore[method-assign]
+
+
+def _drive(workload: str, client: Any, lc: Any, runs: int, warmup: int) -> Iterator[dict[str, Any]]:
+    """Sequential runs; per run its client-side times (ms, wall)."""
+    for i in range(warmup + runs):
+        if workload == "W1":
+            t0 = time.time() * 1000
+            rid = client.start("w1", 1)
+            sent = time.time() * 1000
+            client.result(rid, timeout=60)
+        else:
+            rid = client.start("wait_signal", None, run_id=f"trace-{time.time_ns()}")
+            if not lc.wait_run("suspended", rid, 30):
+                raise RuntimeError(f"run {rid} never suspended")
+            t0 = time.time() * 1000
+            client.signal(rid, "go", i)
+            sent = time.time() * 1000
+            client.result(rid, timeout=60)
+        if i >= warmup:
+            yield {"run": rid, "t0": t0, "sent": sent, "done": time.time() * 1000}
+
+
+def _breakdown(run: dict[str, Any], engine: list[dict[str, Any]], replies: list[Any]) -> None:
+    """Fill in ``run``'s hops from the engine's events and the replies received."""
+    rid, t0, done = run["run"], run["t0"], run["done"]
+    window = [e for e in engine if t0 <= e["t"] <= done + 1]
+    polled = next((e for e in window if e["ev"] == "poll" and rid in e["keys"]), None)
+    txns = [e for e in window if e["ev"] == "txn" and rid in e["runs"]]
+    got = next((t for t, key, _ in replies if t0 <= t <= done + 1), None)
+    hops: dict[str, float | None] = {"send": run["sent"] - t0}
+    if polled is None or not txns or got is None:
+        run["hops"], run["missing"] = hops, True
+        return
+    first, last = txns[0], txns[-1]
+    hops["to_poll"] = polled["t"] - run["sent"]
+    hops["decide"] = first["t0"] - polled["t"]
+    hops["commit"] = first["t"] - first["t0"]
+    hops["more"] = last["t"] - first["t"]
+    hops["reply"] = got - last["t"]
+    hops["wake"] = done - got
+    calls = [e for e in window if e["ev"] in ("begin", "send_offsets", "commit")]
+    inside = [e for e in calls if first["t0"] <= e["t0"] <= first["t"]]
+    run["calls"] = {e["ev"]: round(e["t"] - e["t0"], 1) for e in inside}
+    run["poll_wait"] = polled["wait"]
+    run["poll_blocked"] = round(polled["t"] - polled["t0"], 1)
+    run["txns"] = len(txns)
+    run["hops"] = hops
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["engine"]:
+        engine_main(argv[1:])
+        return 0
+    p = argparse.ArgumentParser(prog="python -m benchmarks.trace", description=__doc__)
+    p.add_argument("workload", nargs="?", choices=("W1", "W3"), default="W1")
+    p.add_argument("--runs", type=int, default=300)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--bootstrap", default=None, help="an existing broker (default: a local one)")
+    p.add_argument("--debug", default="", help="librdkafka debug contexts for the engine")
+    p.add_argument("--slowest", type=int, default=12, help="slow runs shown in full")
+    p.add_argument("--warmup-seconds", type=float, default=30, help="W2 load first (broker JIT)")
+    p.add_argument(
+        "--broker-metrics", action="store_true", help="the broker's request metrics beside"
+    )
+    p.add_argument("--keep", action="store_true", help="keep the work dir (engine log, events)")
+    args = p.parse_args(argv)
+
+    import runstream
+
+    from .harness import Bench, Engine, Lifecycle, latency_stats, log, wait_ready
+
+    class TracedEngine(Engine):
+        @property
+        def command(self) -> list[str]:
+            cmd = super().command
+            return [sys.executable, "-m", "benchmarks.trace", "engine", *cmd[4:]]
+
+    replies: list[tuple[float, str, int]] = []
+    _listen(replies)
+    broker = None
+    with Bench(args.bootstrap, args.keep, broker_metrics=args.broker_metrics) as bench:
+        if args.warmup_seconds > 0:
+            from .workloads import warm_broker
+
+            warm_broker(bench, args.warmup_seconds)
+        if bench.broker_stats is not None:
+            bench.broker_stats.since_last()  # not the warm-up's
+        ns = bench.namespace(f"trace{args.workload}", 0)
+        events = bench.work / "engine-trace.jsonl"
+        env = {TRACE_ENV: str(events)}
+        if args.debug:
+            env["RUNSTREAM_KAFKA_DEBUG"] = args.debug
+        engine = TracedEngine(bench, ns, "bench-1", bench.state_dir(ns), env).start()
+        wait_ready(bench, ns, [engine])
+        lc = Lifecycle(bench.bootstrap, ns, b"trace-")
+        try:
+            with runstream.Client(ns, bench.bootstrap) as client:
+                runs = list(_drive(args.workload, client, lc, args.runs, args.warmup))
+        finally:
+            lc.stop()
+        if bench.broker_stats is not None:
+            broker = bench.broker_stats.since_last()  # with the traced warm-up runs
+        engine.stop()
+        engine_events = [json.loads(line) for line in events.read_text().splitlines()]
+        log(f"work dir {bench.work}; engine log {engine.logs[-1]}")
+    for run in runs:
+        _breakdown(run, engine_events, replies)
+    if args.keep:
+        (bench.work / "runs.json").write_text(json.dumps(runs))
+    _report(runs, args.slowest, latency_stats)
+    if broker is not None:
+        from .brokerstats import summary
+
+        print(summary(broker))
+    return 0
+
+
+def _report(runs: list[dict[str, Any]], slowest: int, stats: Callable[..., Any]) -> None:
+    total = [r["done"] - r["t0"] for r in runs]
+    print(f"{len(runs)} runs: total {_fmt(stats(total))}")
+    edges = (5, 10, 15, 20, 30, 40, 50, 75, 100, 1e9)
+    counts = [sum(lo <= t < hi for t in total) for lo, hi in zip((0, *edges), edges, strict=False)]
+    print("  ms <" + " ".join(f"{e:>5g}" for e in edges[:-1]) + "  more")
+    print("  runs" + " ".join(f"{c:>5}" for c in counts))
+    names = ("send", "to_poll", "decide", "commit", "more", "reply", "wake")
+    for name in names:
+        values = [r["hops"][name] for r in runs if r["hops"].get(name) is not None]
+        if values:
+            print(f"  {name:8} {_fmt(stats(values))}")
+    for call in ("begin", "send_offsets", "commit"):  # the first transaction's calls
+        values = [r["calls"][call] for r in runs if call in r.get("calls", {})]
+        if values:
+            print(f"    {call:14} {_fmt(stats(values))}")
+    print(f"slowest {slowest} (ms):")
+    print("  total  " + " ".join(f"{n:>7}" for n in names) + "  txns  poll(wait, blocked)  calls")
+    for r in sorted(runs, key=lambda r: r["t0"] - r["done"])[:slowest]:
+        hops = " ".join(
+            f"{r['hops'][n]:7.1f}" if r["hops"].get(n) is not None else "      -" for n in names
+        )
+        extra = f"{r.get('txns', '-'):>5}  ({r.get('poll_wait')}, {r.get('poll_blocked')})"
+        print(f"  {r['done'] - r['t0']:5.1f}  {hops}  {extra}  {r.get('calls', {})}")
+
+
+def _fmt(s: dict[str, float]) -> str:
+    return " ".join(f"{k} {s[k]:.1f}" for k in ("p50", "p90", "p99", "max") if k in s)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
