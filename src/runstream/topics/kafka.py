@@ -305,6 +305,10 @@ class KafkaLog(Transactions):
                 # exponentially (100 ms to 1 s by default): keep it short and capped.
                 "retry.backoff.ms": 5,
                 "retry.backoff.max.ms": 20,
+                # Connect to the brokers at once: init_transactions asked before a broker is
+                # up finds no one to ask for the coordinator and asks again only on
+                # librdkafka's 500 ms timer (half of the restarts here waited it out).
+                "enable.sparse.connections": False,
                 "partitioner": "murmur2_random",
                 "on_delivery": self._delivered,
             }
