@@ -345,11 +345,7 @@ def serve(
     would not help); a Kafka client refused for good exits `EXIT_FATAL` (a new process
     starts clean)."""
     if supervise:  # before any engine import: the supervisor process needs none of it
-        child = [sys.executable, "-m", "runstream", *sys.argv[1:], "--no-supervise"]
-        grace = str(settings.stop_timeout + 5)
-        os.execv(
-            sys.executable, [sys.executable, "-m", "runstream.supervisor", grace, "--", *child]
-        )
+        _become_supervisor(settings)  # returns in the first engine process only
     from runstream.app import App
     from runstream.errors import KafkaFatal
     from runstream.supervisor import EXIT_CANNOT_LOAD
@@ -368,3 +364,22 @@ def serve(
     except KafkaFatal as exc:
         click.echo(f"runstream {who}: {exc}", err=True)
         sys.exit(EXIT_FATAL)
+
+
+def _become_supervisor(settings: Settings) -> None:
+    """Fork the first engine process, past this start-up and these options, then become
+    its supervisor (`runstream.supervisor`, the same process: still its parent), which
+    starts any later one with ``--no-supervise``. Returns in the engine process."""
+    from runstream.supervisor import die_with_parent
+
+    later = [sys.executable, "-m", "runstream", *sys.argv[1:], "--no-supervise"]
+    grace = str(settings.stop_timeout + 5)
+    parent = os.getpid()
+    first = os.fork()
+    if first:
+        supervisor = [sys.executable, "-m", "runstream.supervisor", grace]
+        os.execv(sys.executable, [*supervisor, "--adopt", str(first), "--", *later])
+    os.setpgid(0, 0)  # its own process group, as the supervisor gives each engine
+    die_with_parent()
+    if os.getppid() != parent:  # the supervisor died before that took hold
+        os._exit(1)
