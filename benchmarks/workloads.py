@@ -528,6 +528,7 @@ def w4(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
                     rep["killed_exit_code"] = engine.kill()
                     t_restart = time.perf_counter()
                     engine.start()
+                restart_ms = time.time() * 1000 - (time.perf_counter() - t_restart) * 1000
                 rep["killed_after_s"] = round(t_kill - t0, 3)
                 rep["asleep_at_kill"] = asleep
                 rep["all_asleep_at_kill"] = all_asleep
@@ -569,6 +570,13 @@ def w4(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
             float(rec["at_ms"] - due[rid]) for rid, (_, rec, _) in lc.terminal.items() if rid in due
         ]
         rep["completed_after_due_ms"] = latency_stats(late)
+        # Restart -> first decision: the first fact the new process recorded; on the way,
+        # when its log said it was connecting (start-up and imports done) and restored.
+        after = [at for _, rec in journal.facts if (at := rec.get("at_ms", 0)) >= restart_ms]
+        rep["restart_to_first_decision_s"] = (
+            round((min(after) - restart_ms) / 1000, 3) if after else None
+        )
+        rep["restart_to_s"] = _restart_phases(engine.logs[-1], restart_ms)
         # The recovery cost: restart -> all completed minus the sleep still due at the kill
         # (the latest timer of a run asleep then); the rest is the workload's own sleep.
         dues = [due[rid] for rid in asleep_ids if rid in due]
@@ -582,11 +590,13 @@ def w4(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
         )
         log(
             f"W4 repeat {r + 1}: lost {rep['runs_lost']}, duplicated step executions "
-            f"{rep['duplicated_step_executions']}, restart->all completed "
+            f"{rep['duplicated_step_executions']}, restart->first decision "
+            f"{rep['restart_to_first_decision_s']} s, restart->all completed "
             f"{rep['restart_to_all_completed_s']} s"
         )
     _record_common(record, reps)
     keys = (
+        "restart_to_first_decision_s",
         "restart_to_all_completed_s",
         "recovery_cost_s",
         "sleep_due_at_kill_s",
@@ -603,7 +613,8 @@ def w4(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
     line = (
         f"W4: runs lost {fmt_spread(summary['runs_lost'], '', 0)}, duplicated step "
         f"executions {fmt_spread(summary['duplicated_step_executions'], '', 0)}, restart "
-        f"-> all completed {fmt_spread(summary['restart_to_all_completed_s'], ' s', 2)}, "
+        f"-> first decision {fmt_spread(summary['restart_to_first_decision_s'], ' s', 2)}, "
+        f"restart -> all completed {fmt_spread(summary['restart_to_all_completed_s'], ' s', 2)}, "
         f"recovery cost {fmt_spread(summary['recovery_cost_s'], ' s', 2)} "
         f"(kill -> all completed {fmt_spread(summary['kill_to_all_completed_s'], ' s', 2)}; "
         f"completed after due: max "
@@ -634,6 +645,27 @@ def _kill_engine_child(engine: Engine, rep: dict[str, Any]) -> float:
             return time.perf_counter()
         time.sleep(0.01)
     raise BenchError("the supervisor did not start a new engine process within 120 s")
+
+
+_PHASES = {
+    "connecting": re.compile(r"^(\S+ \S+) INFO runstream.worker: instance \S+: connecting"),
+    "started": re.compile(r"^(\S+ \S+) INFO runstream.worker: instance \S+ of \S+ started"),
+    "restored": re.compile(r"^(\S+ \S+) INFO runstream.worker: partitions .* restored"),
+}
+
+
+def _restart_phases(logfile: Path, restart_ms: float) -> dict[str, float]:
+    """Seconds from the restart to the first of each `_PHASES` line the engine logged
+    after it (its log's timestamps, ms)."""
+    out: dict[str, float] = {}
+    for line in logfile.read_text(errors="replace").splitlines():
+        for phase, pattern in _PHASES.items():
+            m = pattern.match(line)
+            if m and phase not in out:
+                at = datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp() * 1000
+                if at >= restart_ms:
+                    out[phase] = round((at - restart_ms) / 1000, 3)
+    return out
 
 
 class _JournalFacts:

@@ -93,7 +93,10 @@ class Partitions:
             p: min(s.journal_offset, marks.get(p) or s.journal_offset) for p, s in stores.items()
         }
         since: dict[int, dict[str, int]] = {p: {} for p in marks}
-        journal = _counting(engine_log.read_journal(offsets, stopping), since, stores)
+        # What this instance's last life left here (its producers' transactions `start`
+        # settled) or a finished restore read back: the journal up to it is decided.
+        decided = [p for p in stores if p not in empty and p not in marks]
+        journal = _counting(engine_log.read_journal(offsets, stopping, decided), since, stores)
         facts = catch_up(stores, journal)
         if stopping():
             _close([*stores.values()])

@@ -10,8 +10,11 @@ App (``MODULE:APP`` does not import) exits with `EXIT_CANNOT_LOAD` and is not st
 again either: a restart would only fail the same way.
 
 The supervisor process runs this module alone (``python -m runstream.supervisor GRACE
--- ENGINE ARGV``): it imports nothing but the standard library, so it adds little
-memory next to the engine.
+[--adopt PID] -- ENGINE ARGV``): it imports nothing but the standard library, so it adds
+little memory next to the engine. The first engine is not started from ENGINE ARGV:
+`runstream worker` forks it once its options are read, then becomes this supervisor (the
+same process, so still its parent), which adopts it; a restart need not wait for the
+command line's imports twice.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -61,15 +65,53 @@ def stop_on_signals(stop: Callable[[], None]) -> None:
 _keep: list[tuple[socket.socket, socket.socket]] = []
 
 
+class Adopted:
+    """A child this process did not start through `subprocess` (forked before the process
+    became the supervisor), behind the part of Popen's interface `supervise` uses."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float) -> int:
+        until = time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            left = until - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(min(left, 0.05))
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
 def supervise(
-    argv: Sequence[str], *, delay: float = 1.0, max_delay: float = 30.0, grace: float = 15.0
+    argv: Sequence[str],
+    *,
+    delay: float = 1.0,
+    max_delay: float = 30.0,
+    grace: float = 15.0,
+    adopt: int | None = None,
 ) -> int:
     """Run ``argv`` until it exits 0 or we are told to stop; then its exit status.
+    ``adopt``: the pid of a first engine already running as this process's child.
 
     A stop signal is passed on; the child gets ``grace`` seconds before SIGKILL.
     """
     stopped = threading.Event()
-    child: subprocess.Popen[bytes] | None = None
+    child: subprocess.Popen[bytes] | Adopted | None = None
 
     def stop(signum: int, _frame: object) -> None:
         stopped.set()
@@ -81,7 +123,10 @@ def supervise(
     wait = delay
     while True:
         started = time.monotonic()
-        child = subprocess.Popen(list(argv), preexec_fn=die_with_parent, process_group=0)
+        if adopt is not None:
+            child, adopt = Adopted(adopt), None
+        else:
+            child = subprocess.Popen(list(argv), preexec_fn=die_with_parent, process_group=0)
         code = _wait(child, stopped, grace)
         if stopped.is_set() or code == 0:
             return code if code >= 0 else 128 - code
@@ -99,7 +144,7 @@ def supervise(
         wait = min(wait * 2, max_delay)
 
 
-def _wait(child: subprocess.Popen[bytes], stopped: threading.Event, grace: float) -> int:
+def _wait(child: subprocess.Popen[bytes] | Adopted, stopped: threading.Event, grace: float) -> int:
     kill_at = None
     while True:
         try:
@@ -114,14 +159,21 @@ def _wait(child: subprocess.Popen[bytes], stopped: threading.Event, grace: float
 
 
 def main(argv: Sequence[str]) -> int:
-    """``GRACE -- ENGINE ARGV...``: supervise the engine command (`runstream worker`)."""
+    """``GRACE [--adopt PID] -- ENGINE ARGV...``: supervise the engine command (`runstream
+    worker`), the first one already running as child PID if given."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    grace, sep, *engine = argv
+    grace, *rest = argv
+    adopt = None
+    if rest[:1] == ["--adopt"] and len(rest) > 1 and rest[1].isdigit():
+        adopt, rest = int(rest[1]), rest[2:]
+    sep, *engine = rest or [""]
     if sep != "--" or not engine:
-        raise SystemExit("usage: python -m runstream.supervisor GRACE -- ENGINE ARGV...")
-    return supervise(engine, grace=float(grace))
+        raise SystemExit(
+            "usage: python -m runstream.supervisor GRACE [--adopt PID] -- ENGINE ARGV..."
+        )
+    return supervise(engine, grace=float(grace), adopt=adopt)
 
 
 if __name__ == "__main__":

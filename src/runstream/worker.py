@@ -57,6 +57,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("runstream.worker")
 
+#: The longest poll while the instance owns no partition: Kafka hands the assignment over
+#: inside a poll, and its restore can only begin once that poll returns.
+JOINING_POLL = 0.02
+
 
 class Worker:
     """Runs an App's workflows; ``run()`` blocks until SIGTERM/SIGINT or ``stop()``.
@@ -284,6 +288,8 @@ class Worker:
 
     # -- the loop ---------------------------------------------------------------------
     def _poll(self, engine_log: EngineLog) -> list[LogRecord]:
+        if not self._owned:  # joining (or left with nothing): the assignment may come now
+            return engine_log.poll(JOINING_POLL, self.settings.batch_size)
         in_flight = bool(self._steps.in_flight)
         return self._inbox.poll(engine_log.poll, self.settings.batch_size, in_flight)
 

@@ -156,7 +156,10 @@ class MemoryLog(Transactions):
         return {p: max(0, ends[p] - self.positions.get(p, positions[p])) for p in positions}
 
     def read_journal(
-        self, start: Mapping[int, int], stopping: Callable[[], bool]
+        self,
+        start: Mapping[int, int],
+        stopping: Callable[[], bool],
+        decided: Collection[int] = (),
     ) -> Iterator[LogRecord]:
         for p, offset in start.items():
             records = self.cluster.records(self.topics.journal, p)

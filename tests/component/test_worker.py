@@ -21,8 +21,10 @@ from runstream.audit import check_run
 from runstream.engine import payload
 from runstream.engine.partitioner import partition_for
 from runstream.engine.rules import HANDLERS, Entry, Rules
+from runstream.runtime.inbox import IDLE_WAIT
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import Record, Signal, StartRun
+from runstream.worker import JOINING_POLL
 
 from .memlog import ABORTABLE, Cluster, MemoryLog
 
@@ -450,3 +452,25 @@ def test_a_remote_attempt_taken_over_by_a_new_owner_still_times_out(tmp_path, ns
     w2.until(lambda: "StepFailed" in [type(f).__name__ for f in facts(cluster, ns, "r")], 3000)
     assert w2.worker._owned.load(p, "r").status == "failed"
     w2.close()
+
+
+def test_an_instance_owning_no_partition_polls_briefly_so_its_assignment_is_restored_at_once(
+    tmp_path, ns
+):
+    cluster, bodies = Cluster(), Counter[str]()
+    rig = Rig(make_app(ns, bodies), cluster, tmp_path)
+    waits: list[float] = []
+    poll = rig.log.poll
+
+    def noting(timeout: float, limit: int) -> list[Any]:
+        waits.append(timeout)
+        return poll(timeout, limit)
+
+    rig.log.poll = noting  # type: ignore[method-assign]
+    rig.turn()  # nothing assigned yet
+    rig.log.assign([0, 1, 2, 3])
+    rig.turn()  # the assignment comes inside this poll
+    rig.turn()  # restored: idle, no timer, so the usual wait
+    assert waits == [JOINING_POLL, JOINING_POLL, IDLE_WAIT]
+    assert len(rig.worker._owned) == 4
+    rig.close()

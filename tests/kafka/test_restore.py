@@ -7,12 +7,17 @@ its predecessor committed, and take the predecessor's commands as done. Here a t
 that wrote facts to the journal is held open (as a journal marker still on its way is) while
 an engine takes the partition: the engine's restore must wait for it, and hold the facts
 once it commits.
+
+Past a transaction known to be decided (what this instance's last life committed), a
+partition whose end is one offset further holds only that transaction's marker: the
+restore does not fetch it, and reads every partition with more after it.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaException, Producer
@@ -22,7 +27,11 @@ import runstream
 from runstream.engine.partitioner import partition_for
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import RunStarted, SignalAwaited
+from runstream.settings import Settings
 from runstream.topics.admin import client_config, ensure_topics
+from runstream.topics.kafka import open_engine_log
+from runstream.topics.spec import Topics
+from runstream.topics.watchdog import Watchdog
 
 from .flows import make_app
 from .kit import PARTITIONS, ThreadWorker, wait_for
@@ -72,6 +81,49 @@ def test_restore_waits_for_a_journal_transaction_still_being_decided(
         if client is not None:
             client.close()
         worker.stop()
+
+
+def test_restore_fetches_no_decided_partition_whose_end_is_its_commit_marker(kafka_bootstrap, ns):
+    ensure_topics(kafka_bootstrap, ns, PARTITIONS)
+    journal = f"{ns}.journal"
+    writer = Producer({**client_config(kafka_bootstrap), "transactional.id": f"{ns}.w"})
+    writer.init_transactions(30)
+    for partitions in ([0, 1, 2], [1]):  # 0 and 2: fact, marker; 1: fact, marker twice
+        writer.begin_transaction()
+        for p in partitions:
+            writer.produce(journal, b"fact", b"run", partition=p)
+        writer.commit_transaction(30)
+    settings = Settings(bootstrap_servers=kafka_bootstrap)
+    log = open_engine_log(settings, Topics(ns), "i1", Watchdog(exit_on_hang=False), _never)
+    assert log is not None
+    fetched: list[list[int]] = []
+    log._restorer = _Assigns(log._restorer, fetched)
+    try:
+        read = log.read_journal({0: 1, 1: 1, 2: 1}, _never, decided=[0, 1])
+        assert [(r.partition, r.offset) for r in read] == [(1, 2)]
+        assert fetched == [[1, 2]]  # 0 is only the marker of a decided transaction
+        assert list(log.read_journal({0: 1}, _never, decided=[0])) == []
+        assert fetched == [[1, 2]]  # nothing fetched at all
+    finally:
+        log.close()
+
+
+class _Assigns:
+    """A consumer that notes which partitions each ``assign`` hands it."""
+
+    def __init__(self, consumer: Any, assigned: list[list[int]]) -> None:
+        self._consumer, self._assigned = consumer, assigned
+
+    def assign(self, tps: list[Any]) -> None:
+        self._assigned.append(sorted(tp.partition for tp in tps))
+        self._consumer.assign(tps)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
+
+
+def _never() -> bool:
+    return False
 
 
 def _owns(bootstrap: str, group: str, partition: int) -> bool:

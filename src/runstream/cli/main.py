@@ -173,10 +173,14 @@ def worker(target: str, supervise: bool, **values: Any) -> None:
     RUNSTREAM_BATCH_SIZE, --kafka-config security.protocol=SASL_SSL is
     RUNSTREAM_KAFKA_SECURITY_PROTOCOL=SASL_SSL.
     """
-    from runstream.worker import Worker
-
     settings = options.engine_settings(values)
-    options.serve("worker", target, settings, supervise, lambda app: Worker(app, settings).run())
+
+    def run(app: Any) -> None:
+        from runstream.worker import Worker  # in the engine process only, not its supervisor
+
+        Worker(app, settings).run()
+
+    options.serve("worker", target, settings, supervise, run)
 
 
 @cli.command()

@@ -16,11 +16,8 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 import click
 from click.core import ParameterSource
 
-from runstream.engine.workflow import seconds
 from runstream.errors import TopicError
 from runstream.settings import Settings, kafka_key_env
-from runstream.topics.admin import client_config, wait_for_cluster
-from runstream.topics.kafka import read_to_end
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -165,6 +162,8 @@ class Duration(click.ParamType[float]):
     def convert(
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None
     ) -> float:
+        from runstream.engine.workflow import seconds
+
         try:
             return float(seconds(value))
         except ValueError as exc:
@@ -190,6 +189,8 @@ def wait_option(default: float | None, what: str) -> Callable[[F], F]:
 def time_ms(text: str | None, option: str, now_ms: int | None = None) -> int | None:
     """``--since``/``--until``: a duration back from now (30m, 2h, 1d) or an ISO 8601 time,
     UTC unless it names its zone (2025-01-31T12:00Z) -> epoch ms."""
+    from runstream.engine.workflow import seconds
+
     if text is None:
         return None
     try:
@@ -312,6 +313,9 @@ def engine_settings(values: dict[str, Any]) -> Settings:
 def read_topic(settings: Settings, topic: str, partitions: list[int] | None) -> Iterator[list[Any]]:
     """Batches of ``topic``'s messages (all partitions, or ``partitions``) up to its end;
     a missing broker or topic is one clear error."""
+    from runstream.topics.admin import client_config, wait_for_cluster
+    from runstream.topics.kafka import read_to_end
+
     config = client_config(settings.bootstrap(), settings.kafka)
     wait_for_cluster(config, settings.connect_timeout)  # no broker: say so at once
     try:
@@ -340,17 +344,13 @@ def serve(
     ``run(app)`` here. An App that cannot be loaded exits `EXIT_CANNOT_LOAD` (restarting
     would not help); a Kafka client refused for good exits `EXIT_FATAL` (a new process
     starts clean)."""
+    if supervise:  # before any engine import: the supervisor process needs none of it
+        _become_supervisor(settings)  # returns in the first engine process only
     from runstream.app import App
     from runstream.errors import KafkaFatal
     from runstream.supervisor import EXIT_CANNOT_LOAD
     from runstream.topics.watchdog import EXIT_FATAL
 
-    if supervise:
-        child = [sys.executable, "-m", "runstream", *sys.argv[1:], "--no-supervise"]
-        grace = str(settings.stop_timeout + 5)
-        os.execv(
-            sys.executable, [sys.executable, "-m", "runstream.supervisor", grace, "--", *child]
-        )
     try:
         app = load_app(target)
         if not isinstance(app, App):
@@ -364,3 +364,22 @@ def serve(
     except KafkaFatal as exc:
         click.echo(f"runstream {who}: {exc}", err=True)
         sys.exit(EXIT_FATAL)
+
+
+def _become_supervisor(settings: Settings) -> None:
+    """Fork the first engine process, past this start-up and these options, then become
+    its supervisor (`runstream.supervisor`, the same process: still its parent), which
+    starts any later one with ``--no-supervise``. Returns in the engine process."""
+    from runstream.supervisor import die_with_parent
+
+    later = [sys.executable, "-m", "runstream", *sys.argv[1:], "--no-supervise"]
+    grace = str(settings.stop_timeout + 5)
+    parent = os.getpid()
+    first = os.fork()
+    if first:
+        supervisor = [sys.executable, "-m", "runstream.supervisor", grace]
+        os.execv(sys.executable, [*supervisor, "--adopt", str(first), "--", *later])
+    os.setpgid(0, 0)  # its own process group, as the supervisor gives each engine
+    die_with_parent()
+    if os.getppid() != parent:  # the supervisor died before that took hold
+        os._exit(1)

@@ -68,8 +68,15 @@ class EngineLog(Protocol):
         ...
 
     def read_journal(
-        self, start: Mapping[int, int], stopping: Callable[[], bool]
-    ) -> Iterator[LogRecord]: ...
+        self,
+        start: Mapping[int, int],
+        stopping: Callable[[], bool],
+        decided: Collection[int] = (),
+    ) -> Iterator[LogRecord]:
+        """The journal partitions from ``start`` to their end (read_committed). In
+        ``decided`` partitions the transaction that wrote the record before ``start`` is
+        known to be decided: one offset past it can only be its commit marker."""
+        ...
 
     def read_state(
         self, partitions: Collection[int], stopping: Callable[[], bool]

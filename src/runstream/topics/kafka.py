@@ -305,6 +305,10 @@ class KafkaLog(Transactions):
                 # exponentially (100 ms to 1 s by default): keep it short and capped.
                 "retry.backoff.ms": 5,
                 "retry.backoff.max.ms": 20,
+                # Connect to the brokers at once: init_transactions asked before a broker is
+                # up finds no one to ask for the coordinator and asks again only on
+                # librdkafka's 500 ms timer (half of the restarts here waited it out).
+                "enable.sparse.connections": False,
                 "partitioner": "murmur2_random",
                 "on_delivery": self._delivered,
             }
@@ -440,7 +444,10 @@ class KafkaLog(Transactions):
         return out
 
     def read_journal(
-        self, start: Mapping[int, int], stopping: Callable[[], bool]
+        self,
+        start: Mapping[int, int],
+        stopping: Callable[[], bool],
+        decided: Collection[int] = (),
     ) -> Iterator[LogRecord]:
         """The journal partitions from ``start`` to their end (read_committed).
 
@@ -451,8 +458,14 @@ class KafkaLog(Transactions):
         them). Reading on until the position passes that watermark waits for every
         transaction that wrote there before this instance took the partition to be
         decided (at worst, by the coordinator's abort at its transaction timeout).
+
+        A partition in ``decided`` whose watermark is one past ``start`` is not read: the
+        transaction that wrote the record before ``start`` is decided, so its marker is
+        somewhere past that record; with one offset left, it is that offset, and nothing
+        else can be there (the projection this instance's last life left current: `start`
+        settled its producers' transactions).
         """
-        return self._read_settled(self.topics.journal, start, stopping)
+        return self._read_settled(self.topics.journal, start, stopping, decided=decided)
 
     def read_state(
         self, partitions: Collection[int], stopping: Callable[[], bool]
@@ -469,17 +482,21 @@ class KafkaLog(Transactions):
         start: Mapping[int, int],
         stopping: Callable[[], bool],
         from_beginning: bool = False,
+        decided: Collection[int] = (),
     ) -> Iterator[LogRecord]:
         at = (lambda o: OFFSET_BEGINNING) if from_beginning else (lambda o: o)
-        tps = [TopicPartition(journal, p, at(o)) for p, o in start.items()]
         ends = self._asking(
             "list_offsets",
             f"reading the end offsets of {journal}",
             lambda: self._high_watermarks(journal, list(start)),
         )
-        self._restorer.assign(tps)
+        open_partitions = {
+            p for p, o in start.items() if o < ends[p] and not (p in decided and ends[p] == o + 1)
+        }
+        if not open_partitions:  # nothing to fetch: no consumer round trip
+            return
+        self._restorer.assign([TopicPartition(journal, p, at(start[p])) for p in open_partitions])
         try:
-            open_partitions = {p for p, o in start.items() if o < ends[p]}
             while open_partitions and not stopping():
                 for msg in consume_ready(self._restorer, 0.5, 2000):
                     err, p = msg.error(), msg.partition() or 0
