@@ -75,7 +75,10 @@ class Inbox:
         """Everything ready now. A crashed run is recovered alone: while any waits, no new
         step starts, and the next is taken only once the running ones drained."""
         items, self._requeued = self._requeued, []
-        steps.hold = bool(self._recovering)
+        # No new step starts while a run recovers alone, nor before the outcome of its
+        # attempt is committed (a crash meanwhile would charge that run, which succeeded).
+        # `isolating` is asked first: an attempt delivers its outcome before it ends.
+        hold = bool(self._recovering) or steps.isolating
         if self._recovering and steps.running == 0:
             items.append(self._recovering.popleft())
         while True:
@@ -83,6 +86,7 @@ class Inbox:
                 items.append(self.outcomes.get_nowait())
             except queue.Empty:
                 break
+        steps.hold = hold or any(isinstance(w, StepOutcome) and w.isolated for w in items)
         items.extend(self.timers.pop_due(now_ms, TIMERS_PER_BATCH))
         return items
 

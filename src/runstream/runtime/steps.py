@@ -198,6 +198,12 @@ class StepRunner:
             self._start_what_may()
 
     @property
+    def isolating(self) -> bool:
+        """An attempt runs alone, or waits to (`StepJob.isolated`)."""
+        with self._lock:
+            return self._alone or bool(self._isolated)
+
+    @property
     def running(self) -> int:
         """Attempts running now."""
         with self._lock:
