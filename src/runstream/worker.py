@@ -57,10 +57,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("runstream.worker")
 
-#: The longest poll while the instance owns no partition: Kafka hands the assignment over
-#: inside a poll, and its restore can only begin once that poll returns.
-JOINING_POLL = 0.02
-
 
 class Worker:
     """Runs an App's workflows; ``run()`` blocks until SIGTERM/SIGINT or ``stop()``.
@@ -288,10 +284,8 @@ class Worker:
 
     # -- the loop ---------------------------------------------------------------------
     def _poll(self, engine_log: EngineLog) -> list[LogRecord]:
-        if not self._owned:  # joining (or left with nothing): the assignment may come now
-            return engine_log.poll(JOINING_POLL, self.settings.batch_size)
-        in_flight = bool(self._steps.in_flight)
-        return self._inbox.poll(engine_log.poll, self.settings.batch_size, in_flight)
+        in_flight, owning = bool(self._steps.in_flight), bool(self._owned)
+        return self._inbox.poll(engine_log.poll, self.settings.batch_size, in_flight, owning)
 
     def _process(
         self, engine_log: EngineLog, records: list[LogRecord], then: Sequence[Work] = ()

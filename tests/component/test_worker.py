@@ -21,10 +21,9 @@ from runstream.audit import check_run
 from runstream.engine import payload
 from runstream.engine.partitioner import partition_for
 from runstream.engine.rules import HANDLERS, Entry, Rules
-from runstream.runtime.inbox import IDLE_WAIT
+from runstream.runtime.inbox import IDLE_WAIT, JOINING_POLL
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import Record, Signal, StartRun
-from runstream.worker import JOINING_POLL
 
 from .memlog import ABORTABLE, Cluster, MemoryLog
 

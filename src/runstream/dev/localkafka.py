@@ -44,12 +44,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaException
 
 from runstream.errors import ConfigError, KafkaSetupError
 from runstream.settings import broker_alive, cache_dir, local_bootstrap, local_broker_file
 from runstream.supervisor import die_with_parent
-from runstream.topics.admin import client_config
+from runstream.topics.admin import client_config, transient
 
 KAFKA_VERSION = "4.1.1"
 DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
@@ -668,26 +668,19 @@ def _warm_up(bootstrap: str, extra: dict[str, str]) -> None:
         consumer.close()
 
 
-#: A group coordinator answers these while it loads or moves (a busy machine's first minute).
-_LOADING = (
-    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-    KafkaError.COORDINATOR_NOT_AVAILABLE,
-    KafkaError.NOT_COORDINATOR,
-)
-
-
 def commit_when_loaded(
     consumer: Any, offsets: list[Any], timeout: float, pause: float = 0.2
 ) -> None:
-    """Commit ``offsets`` synchronously, again while the group coordinator is loading, for
-    up to ``timeout`` seconds; any other refusal, or the last one, is raised."""
+    """Commit ``offsets`` synchronously, again while the group coordinator is loading (or
+    another `transient` refusal), for up to ``timeout`` seconds; any other refusal, or the
+    last one, is raised."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             consumer.commit(offsets=offsets, asynchronous=False)
             return
         except KafkaException as exc:
-            if exc.args[0].code() not in _LOADING or time.monotonic() >= deadline:
+            if not transient(exc.args[0]) or time.monotonic() >= deadline:
                 raise
         time.sleep(pause)
 

@@ -208,7 +208,7 @@ class EntityRef:
         ``"30s"``; None: as long as it takes). Raises `QueryFailed` if the handler raised
         or does not exist, `QueryTimeout` if no answer came by the timeout (the run may
         catch either, or fails)."""
-        return await self._ctx.entity_read(self._name, self._key, handler, arg, timeout)
+        return await self._ctx._entity_read(self._name, self._key, handler, arg, timeout)
 
 
 def call_input(key: str, handler: str, arg: Any, chain: Iterable[Any] = ()) -> dict[str, Any]:

@@ -525,7 +525,7 @@ class Context:
         ``await ctx.entity("cart", key).call("add", item)`` is a journaled call."""
         return EntityRef(self, name, key, chain_of(self.headers))
 
-    async def entity_read(
+    async def _entity_read(
         self, entity: str, key: str, handler: str, arg: Any, timeout: float | str | None
     ) -> Any:
         """`EntityRef.read`, through the outbound interceptors."""

@@ -23,6 +23,9 @@ TIMERS_PER_BATCH = 5000
 LINGER = 0.01
 #: Idle, how long a poll waits for commands at most (a stop request is seen as soon).
 IDLE_WAIT = 0.5
+#: The longest poll while the instance owns no partition: Kafka hands the assignment over
+#: inside a poll, and its restore can only begin once that poll returns.
+JOINING_POLL = 0.02
 
 Poll = Callable[[float, int], list[LogRecord]]  # (timeout s, max records) -> records
 
@@ -37,10 +40,13 @@ class Inbox:
         self._recovering: deque[Recover] = deque()  # one at a time: see Rules.recover
         self._busy = False  # the last poll brought more than one command
 
-    def poll(self, poll: Poll, limit: int, steps_in_flight: bool) -> list[LogRecord]:
+    def poll(
+        self, poll: Poll, limit: int, steps_in_flight: bool, owning: bool = True
+    ) -> list[LogRecord]:
         """Up to ``limit`` commands from ``poll``, waiting no longer than the internal work
         allows: not at all when some is ready, briefly while steps run, else until the next
-        timer is due. Under load, linger a moment to fill a bigger batch."""
+        timer is due, or only briefly while the instance owns no partition (``owning``).
+        Under load, linger a moment to fill a bigger batch."""
         if self.ready():
             return poll(0, limit)
         if steps_in_flight:
@@ -50,7 +56,7 @@ class Inbox:
             if not records:
                 self.wait(0.002)
             return records
-        wait = IDLE_WAIT
+        wait = IDLE_WAIT if owning else JOINING_POLL
         due = self.timers.next_due()
         if due is not None:
             wait = max(0.0, min(wait, due / 1000 - time.time()))
