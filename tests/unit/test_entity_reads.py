@@ -305,6 +305,17 @@ def test_a_read_unanswered_by_its_timeout_raises_query_timeout_and_its_late_answ
     assert [f.timed_out for f in core.facts("w", "PromiseCompleted")] == [True]
 
 
+def test_a_reads_timeout_armed_before_a_handover_fires_on_the_next_owner():
+    core = Core(app.registry)
+    core.start("w", "reads_within", 5)
+    pump(core, keep=LiveQuery)  # asked; nobody answers
+    core.states["w"] = fold("w", core.facts("w"))  # the next owner, from the journal
+    assert core.state("w").timers()  # the read's timeout is armed there too
+    core.advance(5)
+    pump(core)
+    assert str(output(core, "w")).startswith("timed out: ")
+
+
 def test_a_read_answered_before_its_timeout_returns_and_its_timeout_never_fires():
     core = Core(app.registry)
     call(core, "ann", "1", "add", "pear")
