@@ -73,7 +73,7 @@ class _Inbound(WorkflowInbound):
         return input.payload
 
     async def update(self, input: UpdateInput) -> Any:
-        result = self._live.ctx._update_handlers[input.name].fn(input.arg)
+        result = self._live.ctx._updates.registered[input.name].fn(input.arg)
         return await result if isinstance(result, Coroutine) else result  # or a plain value
 
     def query(self, input: QueryInput) -> Any:
@@ -254,9 +254,9 @@ class _Live:
         try:
             with guard if guard is not None else contextlib.nullcontext():
                 outcome = self._activate(act)
-                if ctx._handler_runs and not isinstance(outcome, NonDeterministic):
+                if ctx._updates.runs and not isinstance(outcome, NonDeterministic):
                     try:
-                        ctx._resume_handlers()
+                        ctx._updates.resume()
                     except Abort as abort:
                         outcome = abort.outcome
         except Overrun:
@@ -265,7 +265,7 @@ class _Live:
         # Code that no longer fits its history: its handlers' outcomes are not recorded.
         fits = not isinstance(outcome, NonDeterministic | Overran)
         return Replay(
-            outcome, ctx._new, list(ctx._compensations), ctx._open_updates() if fits else []
+            outcome, ctx._new, list(ctx._compensations), ctx._updates.open() if fits else []
         )
 
     def _activate(self, act: ActivationInput) -> Outcome:
@@ -296,7 +296,7 @@ class _Live:
                 )
                 self.coro = self.inbound.execute(run)
             elif state.updates:  # updates accepted while it waited start here
-                ctx._start_handlers()
+                ctx._updates.start()
             yielded = self.coro.send(None)
         except StopIteration as stop:
             self.coro = None
@@ -323,9 +323,7 @@ class _Live:
         they raise is ignored)."""
         coro, self.coro = self.coro, None
         close_coroutine(coro)
-        for h in self.ctx._handler_runs.values():
-            coro, h.coro = h.coro, None
-            close_coroutine(coro)
+        self.ctx._updates.close()
 
 
 def _check_nothing_left(state: RunState, ctx: Context) -> NonDeterministic | None:

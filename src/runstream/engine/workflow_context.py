@@ -15,9 +15,8 @@ from __future__ import annotations
 import inspect
 import os
 import random as _random
-import traceback
 import uuid as _uuid
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NoReturn
@@ -31,7 +30,6 @@ from runstream.engine.interceptors import (
     SignalInput,
     SleepInput,
     StepInput,
-    UpdateInput,
     WorkflowInbound,
     WorkflowOutbound,
     chain,
@@ -40,28 +38,23 @@ from runstream.engine.limits import Limits
 from runstream.engine.requests import (
     PARENT_CLOSE,
     Abort,
-    Blocked,
     ChildCall,
     ChildHandle,
     Compensation,
-    Completed,
     ContinuedAsNew,
     EntityRead,
     EventWait,
-    Failed,
     NonDeterministic,
-    Outcome,
-    Overrun,
     PromiseWait,
     Recorded,
     SignalWait,
     SleepCall,
     StepCall,
     Suspend,
-    close_coroutine,
     recorded_op,
 )
 from runstream.engine.state import RunState
+from runstream.engine.update_handlers import UpdateHandler, UpdateHandlers
 from runstream.engine.workflow import Registry, seconds
 from runstream.errors import (
     ChildFailed,
@@ -76,7 +69,6 @@ from runstream.errors import (
     StepError,
 )
 from runstream.schemas.records import (
-    UPDATE_SEQ_SPAN,
     ChildEnded,
     ChildStarted,
     EventReceived,
@@ -90,11 +82,9 @@ from runstream.schemas.records import (
     StepCompleted,
     StepFailed,
     TimerFired,
-    UpdateAccepted,
     ValueRecorded,
     entity_lock_id,
     promise_id,
-    update_seq,
 )
 
 #: The longest key of `Context.set_event`, in bytes of UTF-8 (a read model key holds it).
@@ -117,28 +107,6 @@ class Settled:
 
 #: For a replay that re-runs a history (compensations, a relaunch, a query): all of it.
 ALL_SETTLED = Settled(1 << 62, everything=True)
-
-
-@dataclass(frozen=True, slots=True)
-class UpdateHandler:
-    """An update handler the workflow registered (`Context.update_handler`)."""
-
-    name: str
-    fn: Callable[[Any], Awaitable[Any]]
-    validator: Callable[[Any], Any] | None
-
-
-class _HandlerRun:
-    """An accepted update's handler coroutine: its operations take seqs of their own
-    (`update_seq`), so it never shifts the workflow's."""
-
-    __slots__ = ("accepted", "coro", "n", "outcome")
-
-    def __init__(self, accepted: UpdateAccepted) -> None:
-        self.accepted = accepted
-        self.coro: Coroutine[Any, Any, Any] | None = None
-        self.n = 0  # operations taken
-        self.outcome: Outcome | None = None
 
 
 class Promise:
@@ -189,13 +157,7 @@ class Context:
         last: WorkflowOutbound = _Outbound(self)
         self._outbound = chain(interceptors, last, lambda i, n: i.workflow_outbound(n))
         self._inbound: WorkflowInbound = _NoInbound()  # bound by its _Live
-        self._update_handlers: dict[str, UpdateHandler] = {}
-        self._handler_runs: dict[str, _HandlerRun] = {}  # by update id, started
-        self._current: _HandlerRun | None = None  # the handler running now (its seqs)
-        # Where the workflow's code is: its operations and promise awaits so far. An update
-        # accepted while it waits is anchored there (`_start_handlers`).
-        self._points = 0
-        self._validating = False
+        self._updates = UpdateHandlers(self)
 
     @property
     def is_replaying(self) -> bool:
@@ -203,8 +165,8 @@ class Context:
         (a replay from the start after a restart or a cache miss, on any instance): do no
         side effect meant to happen once (logging, spans) while it is True."""
         settled = self._settled
-        if self._current is not None:  # an update handler's next operation: its own seqs
-            return settled.everything or self._peek() in settled.handlers
+        if self._updates.current is not None:  # a handler's next operation: its own seqs
+            return settled.everything or self._updates.peek() in settled.handlers
         return self._seq < settled.below
 
     def _opened_at(self, seq: int) -> int:
@@ -442,8 +404,8 @@ class Context:
     async def _outcome(self, promise: Promise) -> Any:
         """What awaiting ``promise`` gives: its outcome once recorded (no seq of its own:
         the promise's completion, or its timeout, is the one fact that settles it)."""
-        if self._current is None:  # an await takes no seq, but the code may wait here
-            self._point()
+        if self._updates.current is None:  # an await takes no seq, but the code may wait here
+            self._updates.point()
         fact = self._recorded(promise.seq, "promise")
         while not isinstance(fact, PromiseCompleted):
             await Suspend(PromiseWait(promise.seq))
@@ -586,7 +548,7 @@ class Context:
         run can take updates as soon as it starts (update-with-start)."""
 
         def register(f: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
-            self._update_handlers[name] = UpdateHandler(name, f, validator)
+            self._updates.registered[name] = UpdateHandler(name, f, validator)
             return f
 
         return register if fn is None else register(fn)
@@ -594,8 +556,7 @@ class Context:
     # -- internals ---------------------------------------------------------------
     def _peek(self) -> int:
         """The seq the next operation will take (`_next`), for the interceptors' inputs."""
-        h = self._current
-        return self._seq + 1 if h is None else update_seq(h.accepted.index, h.n + 1)
+        return self._seq + 1 if self._updates.current is None else self._updates.peek()
 
     def _next(self) -> int:
         if self._querying:
@@ -603,111 +564,16 @@ class Context:
                 "a query handler may not call durable operations (ctx.step, ctx.set_event, "
                 "ctx.now, ...): a query never changes the run"
             )
-        if self._validating:
+        if self._updates.validating:
             raise RuntimeError(
                 "an update validator may not call durable operations (ctx.step, ctx.now, "
                 "...): it only reads the workflow's state; do the work in the handler"
             )
-        h = self._current
-        if h is not None:  # an update handler's operation: a seq of its own
-            h.n += 1
-            if h.n >= UPDATE_SEQ_SPAN:
-                raise RuntimeError(f"an update handler may do {UPDATE_SEQ_SPAN - 1} operations")
-            return update_seq(h.accepted.index, h.n)
+        if self._updates.current is not None:  # an update handler's operation
+            return self._updates.next()
         self._seq += 1
-        self._point()
+        self._updates.point()
         return self._seq
-
-    def _point(self) -> None:
-        """The workflow's code reached its next point (where it may wait)."""
-        self._points += 1
-        if self._state.updates:
-            self._start_handlers()
-
-    # -- update handlers (rules.updates) ---------------------------------------------
-    def _start_handlers(self) -> None:
-        """Start the handlers of the updates accepted at or before the workflow's point
-        now. An update is accepted while the workflow waits at its point ``anchor`` (an
-        operation, or a promise's await); a replay starts its handler once the code gets
-        there again, before it sees what it waits for: what the handler changes before
-        its first await, the workflow's code sees at the same point every time."""
-        for uid, accepted in self._state.updates.items():
-            if accepted.anchor > self._points or uid in self._handler_runs:
-                continue
-            h = self._handler_runs[uid] = _HandlerRun(accepted)
-            handler = self._update_handlers.get(accepted.name)
-            if handler is None:
-                err = NonDeterminismError(
-                    self.run_id, accepted.anchor, f"update {accepted.name}", "no such handler"
-                )
-                raise Abort(NonDeterministic(err))
-            self._drive(h, accepted.arg)
-
-    def _resume_handlers(self) -> None:
-        """Resume the handlers that wait, after the workflow's code suspended or ended."""
-        for h in list(self._handler_runs.values()):
-            if isinstance(h.outcome, Blocked):
-                self._drive(h)
-
-    def _drive(self, h: _HandlerRun, arg: bytes | None = None) -> None:
-        """Run handler ``h`` (started with ``arg``, the first time) until it waits or ends:
-        its outcome."""
-        prev, self._current = self._current, h
-        try:
-            if arg is not None:  # through the inbound links to the handler
-                a = h.accepted
-                again = a.update_id in self._state.update_results or self.is_replaying
-                start = UpdateInput(
-                    self.run_id, a.update_id, a.name, payload.loads(arg), self.headers, again,
-                    self._state.retries + 1,
-                )  # fmt: skip
-                h.coro = self._inbound.update(start)
-            if h.coro is None:
-                return
-            yielded = h.coro.send(None)
-        except StopIteration as stop:
-            h.coro, h.outcome = None, Completed(stop.value)
-        except Abort as abort:
-            h.coro = None
-            if isinstance(abort.outcome, NonDeterministic):
-                raise
-            h.outcome = Failed("RuntimeError: an update handler may not continue as new", "")
-        except Overrun:
-            raise
-        except BaseException as exc:  # user code, as in `_Live._step`
-            h.coro = None
-            h.outcome = Failed(f"{type(exc).__name__}: {exc}", traceback.format_exc())
-        else:
-            if isinstance(yielded, Suspend):
-                h.outcome = Blocked(yielded.request)
-            else:
-                close_coroutine(h.coro)
-                h.coro = None
-                h.outcome = Failed("TypeError: an update handler may only await Runstream "
-                                   f"operations, not {yielded!r}", "")  # fmt: skip
-        finally:
-            self._current = prev
-
-    def _open_updates(self) -> list[tuple[UpdateAccepted, Outcome]]:
-        """The handlers whose update has no outcome in the history yet, and theirs now."""
-        done = self._state.update_results
-        return [
-            (h.accepted, h.outcome)
-            for uid, h in self._handler_runs.items()
-            if h.outcome is not None and uid not in done
-        ]
-
-    def _validate(self, handler: UpdateHandler, arg: Any) -> None:
-        """Run ``handler``'s validator on the workflow's state now; it raises to reject."""
-        if handler.validator is None:
-            return
-        self._validating = True
-        try:
-            if isinstance(result := handler.validator(arg), Coroutine):
-                result.close()
-                raise TypeError("an update validator must be a plain function, not async")
-        finally:
-            self._validating = False
 
     def _recorded(self, seq: int, op: str) -> SeqFact | None:
         fact = self._state.resolved.get(seq) or self._state.pending.get(seq)

@@ -1160,7 +1160,7 @@ class UpdateAccepted(Record):
     name: str
     arg: bytes
     index: int  # the run's n-th update (from 0): its handler's seqs are `update_seq(index, k)`
-    anchor: int  # where the workflow waited (`Context._points`): a replay starts it there
+    anchor: int  # where the workflow waited (`UpdateHandlers.points`): a replay starts it there
     reply_to: str | None = None
     request_id: str = ""
 

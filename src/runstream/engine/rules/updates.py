@@ -104,9 +104,9 @@ def _validate(
     else why not. The validator runs here, on the workflow's state as it waits."""
     if live is None:
         return UpdateCode.NOT_RUNNING, f"run {st.run_id!r} cannot take updates now"
-    handler = live._update_handlers.get(cmd.name)
+    handler = live._updates.registered.get(cmd.name)
     if handler is None:
-        known = ", ".join(map(repr, sorted(live._update_handlers))) or "none"
+        known = ", ".join(map(repr, sorted(live._updates.registered))) or "none"
         why = f"run {st.run_id!r} ({st.workflow}) has no update handler {cmd.name!r}"
         return UpdateCode.NO_HANDLER, f"{why} (it has: {known})"
     try:
@@ -115,12 +115,12 @@ def _validate(
         return UpdateCode.INVALID_INPUT, f"the update's argument is not JSON: {exc}"
     try:
         with ctx.activation(st.run_id):
-            live._validate(handler, arg)
+            live._updates.validate(handler, arg)
     except Exception as exc:  # the validator's verdict
         return UpdateCode.REJECTED, ctx.limits.clip(f"{type(exc).__name__}: {exc}")
     except BaseException:  # its time budget (runtime.budget): not the validator's verdict
         return UpdateCode.REJECTED, "the validator ran past its time budget (activation_budget)"
-    return live._points
+    return live._updates.points
 
 
 def _cannot_take(ctx: Rules, st: RunState) -> tuple[UpdateCode, str] | None:
