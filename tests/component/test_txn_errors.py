@@ -132,6 +132,19 @@ def test_an_abort_that_times_out_recreates_the_producer(tmp_path, ns):
     rig.close()
 
 
+@pytest.mark.parametrize("call", ["send_offsets_to_transaction", "commit_transaction"])
+def test_a_fenced_producer_says_it_was_fenced(tmp_path, ns, call, caplog):
+    """An operator (and the crash tests) read "fenced" in the log, whatever wording
+    librdkafka gives the fencing error ("Producer attempted an operation with an old
+    epoch")."""
+    rig, _, _ = rig_with_starts(tmp_path, ns)
+    rig.log.fail(call, FATAL)
+    with caplog.at_level(logging.CRITICAL), pytest.raises(KafkaFatal, match="fenced"):
+        rig.turn()
+    assert f"{call}: fenced: " in caplog.text
+    rig.close()
+
+
 @pytest.mark.parametrize("call", ["begin_transaction", "produce", "commit_transaction"])
 def test_a_fatal_error_ends_the_instance_with_nothing_of_the_batch_visible(
     tmp_path, ns, call, caplog

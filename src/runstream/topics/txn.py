@@ -58,6 +58,10 @@ UNKNOWN_OUTCOME = frozenset(
         KafkaError._ALL_BROKERS_DOWN,
     }
 )
+#: The codes of a producer fenced (KIP-447: its epoch is no longer the transactional id's).
+FENCED = frozenset(
+    {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+)
 _TO_COORDINATOR = ("send_offsets_to_transaction", "commit_transaction", "abort_transaction")
 _ENDS = ("commit_transaction", "abort_transaction")
 
@@ -190,5 +194,11 @@ class Transactions:
 
     def _fatal(self, what: str, err: KafkaError) -> NoReturn:
         message = f"{what}: {err}: the transactional producer is unusable"
+        if err.code() in FENCED:  # librdkafka's wording does not say so
+            message = (
+                f"{what}: fenced: a newer producer has this instance's transactional id, or "
+                f"the broker ended its transaction (a timeout): its partitions have another "
+                f"owner ({err}); the transactional producer is unusable"
+            )
         self.watchdog.fatal(message)  # ends the process unless exit_on_hang is off
         raise KafkaFatal(message)
