@@ -633,12 +633,21 @@ class Client:
                     raise RunRejected(run_id, end.code or "", end.reason or "")
                 raise run_failed(run_id, end.error or end.reason or "", end.status, end.code)
 
-    def query(self, run_id: str, name: str, arg: Any = None, *, timeout: float = 5.0) -> Any:
+    def query(
+        self,
+        run_id: str,
+        name: str,
+        arg: Any = None,
+        *,
+        timeout: float = 5.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
         """What the run's query handler ``name`` (``@ctx.query_handler``) returns for
         ``arg``, evaluated by the run's owner on the workflow as it is now; the run's
-        journal does not change. Raises `RunNotFound`, `QueryFailed` (no such handler, or
-        it raised), or `OwnerUnavailable` when no engine instance answers within
-        ``timeout`` seconds (none runs, or the partition is between owners)."""
+        journal does not change. ``headers`` (text) reach the inbound interceptors over
+        the run's own, as `start`'s do. Raises `RunNotFound`, `QueryFailed` (no such
+        handler, or it raised), or `OwnerUnavailable` when no engine instance answers
+        within ``timeout`` seconds (none runs, or the partition is between owners)."""
         deadline = time.monotonic() + timeout
         with self._lock:
             self._listen()
@@ -652,6 +661,7 @@ class Client:
                     name=name,
                     arg=payload.dumps(arg),
                     sent_at_ms=_now_ms(),
+                    headers=outgoing_headers(headers),
                 )
                 self._send(cmd)
                 while (answer := self._replies.pop(request_id, None)) is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from runstream.engine.entities import SHOW, call_input
@@ -48,11 +49,19 @@ class EntityHandle:
         c = self._client
         return entity_call_id(self.name, self.key, call_id, c.partition_of)
 
-    def read(self, handler: str, arg: Any = None, *, timeout: float = 5.0) -> Any:
+    def read(
+        self,
+        handler: str,
+        arg: Any = None,
+        *,
+        timeout: float = 5.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
         """What shared handler ``handler`` returns for ``arg`` on the key's state as last
         committed, answered by the key's owner at once (never behind an exclusive call).
-        Raises `QueryFailed` (no such handler, it raised) or `OwnerUnavailable`."""
-        return self._ask(handler, arg, timeout)
+        The handler reads ``headers`` as ``ctx.headers``. Raises `QueryFailed` (no such
+        handler, it raised) or `OwnerUnavailable`."""
+        return self._ask(handler, arg, timeout, headers)
 
     def show(self, *, timeout: float = 5.0) -> dict[str, Any]:
         """The key's state, the call in progress and the calls queued (run ids), from its
@@ -61,10 +70,12 @@ class EntityHandle:
         answer: dict[str, Any] = self._ask(SHOW, None, timeout)
         return answer
 
-    def _ask(self, handler: str, arg: Any, timeout: float) -> Any:
+    def _ask(
+        self, handler: str, arg: Any, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> Any:
         asked = {"entity": self.name, "key": self.key, "arg": arg}
         lock = entity_lock_id(self.name, self.key)
-        return self._client.query(lock, handler, asked, timeout=timeout)
+        return self._client.query(lock, handler, asked, timeout=timeout, headers=headers)
 
 
 class TestEntity:
@@ -89,15 +100,19 @@ class TestEntity:
         (`RunNotFinished` while it waits: the key's earlier call, or a sleep)."""
         return self.start(handler, arg, call_id=call_id).result()["result"]
 
-    def read(self, handler: str, arg: Any = None) -> Any:
-        """What shared handler ``handler`` returns for ``arg``. Raises `QueryFailed`."""
-        return self._ask(handler, arg)
+    def read(
+        self, handler: str, arg: Any = None, *, headers: Mapping[str, str] | None = None
+    ) -> Any:
+        """What shared handler ``handler`` returns for ``arg`` (it reads ``headers`` as
+        ``ctx.headers``). Raises `QueryFailed`."""
+        return self._ask(handler, arg, headers)
 
     def show(self) -> dict[str, Any]:
         """The key's state, the call in progress and the calls queued."""
         answer: dict[str, Any] = self._ask(SHOW, None)
         return answer
 
-    def _ask(self, handler: str, arg: Any) -> Any:
+    def _ask(self, handler: str, arg: Any, headers: Mapping[str, str] | None = None) -> Any:
         asked = {"entity": self.name, "key": self.key, "arg": arg}
-        return self._tester.query(entity_lock_id(self.name, self.key), handler, asked)
+        lock = entity_lock_id(self.name, self.key)
+        return self._tester.query(lock, handler, asked, headers=headers)

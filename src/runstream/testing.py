@@ -361,11 +361,25 @@ class WorkflowTester:
             )
         )
 
-    def query(self, run_id: str, name: str, arg: Any = None) -> Any:
+    def query(
+        self,
+        run_id: str,
+        name: str,
+        arg: Any = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
         """What the run's query handler ``name`` returns for ``arg`` (see `Client.query`);
         the run does not change. Raises RunNotFound, or QueryFailed."""
         request_id = f"test-query-{len(self._answers) + 1}"
-        cmd = LiveQuery(run_id, request_id, reply_to="tester", name=name, arg=payload.dumps(arg))
+        cmd = LiveQuery(
+            run_id,
+            request_id,
+            reply_to="tester",
+            name=name,
+            arg=payload.dumps(arg),
+            headers=dict(headers or {}),
+        )
         self._send(cmd)
         answer = self._answers[request_id]
         if not answer.found:

@@ -185,7 +185,7 @@ FIELDS = {
     "PermitReceived": [*_FACT, "seq", "limit", "attempt", "granted", "reason", "value"],
     "Query": ["run_id", "request_id", "reply_to", "wait"],
     "CompletePromise": ["run_id", "promise_id", "value", "error", "sent_at_ms", "read"],
-    "LiveQuery": ["run_id", "request_id", "reply_to", "name", "arg", "sent_at_ms"],
+    "LiveQuery": ["run_id", "request_id", "reply_to", "name", "arg", "sent_at_ms", "headers"],
     "RunStarted": [
         *_FACT,
         "workflow",

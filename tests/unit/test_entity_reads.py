@@ -18,6 +18,7 @@ from runstream.schemas.records import (
     Pause,
     Retry,
     Signal,
+    StartRun,
     Unpause,
     Update,
     entity_call_id,
@@ -81,6 +82,16 @@ class Cart:
     @runstream.shared
     def broken(ctx: runstream.SharedContext, _: None) -> int:
         raise RuntimeError("cannot count")
+
+    @staticmethod
+    @runstream.shared
+    def tenant(ctx: runstream.SharedContext, _: None) -> str | None:
+        return ctx.headers.get("tenant")
+
+    @staticmethod
+    async def add_as(ctx: runstream.EntityContext, item: str) -> str | None:
+        ctx.state.set("items", [*ctx.state.get("items", []), item])
+        return ctx.headers.get("tenant")
 
 
 @app.workflow()
@@ -352,6 +363,45 @@ def test_an_outbound_interceptor_sees_a_workflows_read_and_may_change_its_argume
     pump(core)
     assert output(core, "w") == 1 and asked == ["bob"]  # bob's cart, not ann's
     assert seen[0] == ("cart", "ann", "count", None, 5.0, False)
+
+
+def test_a_workflows_read_carries_its_outbound_headers_to_the_shared_handler():
+    """The headers an outbound interceptor sees for a read (the run's, plus any it sets)
+    travel with the ask to the key's owner: the shared handler reads them."""
+
+    class Tags(runstream.interceptors.WorkflowOutbound):
+        async def entity_read(self, input: runstream.interceptors.EntityReadInput) -> object:
+            input.headers = {**input.headers, "tenant": "acme"}
+            return await self.next.entity_read(input)
+
+    class Tagging(runstream.interceptors.Interceptor):
+        def workflow_outbound(self, next: runstream.interceptors.WorkflowOutbound) -> Tags:
+            return Tags(next)
+
+    tagged = App("reads-tagged", interceptors=[Tagging()])
+    tagged.entity("cart")(Cart)
+    tagged.workflow()(reads)
+    core = Core(tagged.registry)
+    start = StartRun("w", "reads", input=payload.dumps("tenant"), headers={"traceparent": "00-ab"})
+    core.command(start)
+    (ask,) = pump(core, keep=LiveQuery)
+    assert ask.headers == {"traceparent": "00-ab", "tenant": "acme"}
+    core.command(ask)
+    pump(core)
+    assert output(core, "w") == "acme"
+
+
+def test_a_clients_read_and_call_carry_their_headers_to_the_handlers():
+    from runstream.testing import WorkflowTester
+
+    t = WorkflowTester(app)
+    cart = t.entity("cart", "ann")
+    assert cart.read("tenant", headers={"tenant": "acme"}) == "acme"
+    assert cart.read("tenant") is None
+    run = t.start(
+        entity_workflow("cart"), call_input("ann", "add_as", "pear"), headers={"tenant": "zed"}
+    )
+    assert run.result()["result"] == "zed"
 
 
 def test_the_workflow_tester_runs_a_workflows_read():

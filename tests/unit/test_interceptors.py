@@ -450,6 +450,27 @@ def test_an_update_refused_while_a_step_runs_keeps_that_step_live_to_interceptor
     assert [r for _, what, r in log if what == "stepped double r"] == [False]
 
 
+def test_a_querys_inbound_link_sees_the_callers_headers_over_the_runs() -> None:
+    seen: list[dict[str, str]] = []
+
+    class Peek(Interceptor):
+        def workflow_inbound(self, next: WorkflowInbound) -> WorkflowInbound:
+            class In(WorkflowInbound):
+                def query(self, input: QueryInput) -> Any:
+                    seen.append(dict(input.headers))
+                    return self.next.query(input)
+
+            return In(next)
+
+    core = Core(registry(Peek()))
+    start(core, "r", "counter", 1, tenant="the run's", trace="t1")
+    asked = {"tenant": "the caller's"}
+    core.command(LiveQuery("r", "q1", reply_to="me", name="total", arg=b"null", headers=asked))
+    (answer,) = [a for _, a in core.replies if isinstance(a, QueryAnswer)]
+    assert payload.loads(answer.value) == 1
+    assert seen == [{"tenant": "the caller's", "trace": "t1"}]
+
+
 def test_updates_and_queries_pass_through_the_inbound_links() -> None:
     """An update's handler and a live query's handler each go through the inbound chain,
     outermost first; the update's handler is live once, then a replay."""

@@ -133,6 +133,12 @@ class EntityContext:
         """`Context.is_replaying` of the call's run."""
         return self._ctx.is_replaying
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """The call run's headers (the caller's: `Client.start`'s, or the calling
+        workflow's): read them, don't change them."""
+        return self._ctx.headers
+
     async def step(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`Context.step`: a durable step of the call's run."""
         return await self._ctx.step(fn, *args, **kwargs)
@@ -179,11 +185,14 @@ class EntityContext:
 
 @dataclass(frozen=True)
 class SharedContext:
-    """What a shared handler gets: the key and a read-only view of its state."""
+    """What a shared handler gets: the key, a read-only view of its state, and the
+    caller's headers (a client's `EntityHandle.read`, or the reading workflow's outbound
+    interceptors')."""
 
     name: str
     key: str
     state: EntityState
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 class EntityRef:
@@ -264,15 +273,24 @@ class EntityDef:
             raise CallCycle(f"call cycle: {path} (the first holds the key the last waits for)")
         return key
 
-    def call_shared(self, handler: str, key: str, entries: dict[str, Any], arg: Any) -> Any:
-        """Run shared handler ``handler`` on a key's state (a read: no change counts)."""
+    def call_shared(
+        self,
+        handler: str,
+        key: str,
+        entries: dict[str, Any],
+        arg: Any,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
+        """Run shared handler ``handler`` on a key's state (a read: no change counts),
+        with the caller's ``headers``."""
         fn = self.shared.get(handler)
         if fn is None:
             known = ", ".join(sorted(self.shared)) or "none"
             raise LookupError(
                 f"entity {self.name!r} has no shared handler {handler!r} (it has: {known})"
             )
-        result = fn(SharedContext(self.name, key, EntityState(entries, writable=False)), arg)
+        state = EntityState(entries, writable=False)
+        result = fn(SharedContext(self.name, key, state, dict(headers or {})), arg)
         if inspect.iscoroutine(result):
             try:
                 result.send(None)

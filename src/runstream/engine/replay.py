@@ -18,7 +18,7 @@ import inspect
 import logging
 import traceback
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Generator, Iterable
+from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -107,11 +107,14 @@ def query(
     name: str,
     arg: Any,
     guard: Callable[[], AbstractContextManager[None]] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> Any:
     """What the workflow's query handler ``name`` returns for ``arg``, on the workflow
     replayed to ``state`` (from the start, never the `Replayer`'s cached coroutine, which
     a query must not move; what the replay would record is dropped). ``guard`` gives a
-    bracket for each run of user code (the shell's time budget). Raises `QueryFailed`."""
+    bracket for each run of user code (the shell's time budget). The inbound
+    interceptors see the run's headers with the caller's ``headers`` over them. Raises
+    `QueryFailed`."""
     guard = guard or contextlib.nullcontext
     live = _Live(wf, Context(state, registry, now_ms))
     try:
@@ -130,7 +133,8 @@ def query(
         ctx._querying = True
         try:
             with guard():
-                return ctx._inbound.query(QueryInput(state.run_id, name, arg, ctx.headers))
+                seen = {**ctx.headers, **(headers or {})}
+                return ctx._inbound.query(QueryInput(state.run_id, name, arg, seen))
         except Overrun:
             raise QueryFailed(f"query {name!r} ran past its time budget") from None
         except BaseException as exc:  # user code, as in `replay`

@@ -101,6 +101,7 @@ class EntityRead:
     handler: str
     arg: bytes  # JSON: {"entity", "key", "arg"}, as a client's shared call
     timeout: float | None = None  # seconds: its promise times out if unanswered by then
+    headers: dict[str, str] = field(default_factory=dict)  # to the shared handler
 
 
 Request = StepCall | SleepCall | SignalWait | ChildCall | EventWait | PromiseWait | EntityRead

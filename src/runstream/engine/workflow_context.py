@@ -516,7 +516,8 @@ class Context:
         asked = payload.dumps({"entity": call.entity, "key": call.key, "arg": call.arg})
         fact = self._recorded(seq, "promise")
         while not isinstance(fact, PromiseCompleted):
-            await Suspend(EntityRead(seq, pid, lock, call.handler, asked, call.timeout))
+            read = EntityRead(seq, pid, lock, call.handler, asked, call.timeout, dict(call.headers))
+            await Suspend(read)
             fact = self._recorded(seq, "promise")
         if fact.timed_out:
             what = f"{call.handler!r} of entity {call.entity!r} key {call.key!r}"

@@ -537,6 +537,7 @@ class LiveQuery(Record):
     name: str
     arg: bytes  # JSON
     sent_at_ms: int = 0
+    headers: dict[str, str] = field(default_factory=dict)  # the caller's (interceptors)
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,6 +90,7 @@ def ask(b: Batch, st: RunState, read: EntityRead) -> None:
         name=read.handler,
         arg=read.arg,
         sent_at_ms=b.now,
+        headers=read.headers,
     )
     b.effects.commands.append(asked)
     why = f"waiting for the answer of {read.handler!r} of {read.lock!r}"
@@ -148,4 +149,4 @@ def _evaluate(ctx: Rules, b: Batch, ent: LimitState, cmd: LiveQuery) -> Any:
             "queue": [q.holder for q in ent.queue],
         }
     with ctx.activation(ent.run_id):
-        return edef.call_shared(cmd.name, key, entries, asked.get("arg"))
+        return edef.call_shared(cmd.name, key, entries, asked.get("arg"), cmd.headers)

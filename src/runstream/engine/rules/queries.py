@@ -46,7 +46,14 @@ def _evaluate(ctx: Rules, b: Batch, st: RunState, cmd: LiveQuery) -> bytes:
     except ValueError as exc:
         raise QueryFailed(f"the argument of query {cmd.name!r} is not JSON: {exc}") from exc
     result = replay.query(
-        wf, st, ctx.registry, b.now, cmd.name, arg, lambda: ctx.activation(st.run_id)
+        wf,
+        st,
+        ctx.registry,
+        b.now,
+        cmd.name,
+        arg,
+        lambda: ctx.activation(st.run_id),
+        cmd.headers,
     )
     try:
         data = payload.dumps(result)
