@@ -60,6 +60,10 @@ def make_app(ns: str, bootstrap: str | None = None, **kw: Any) -> runstream.App:
             return int(ctx.state.get("balance", 0))
 
         @runstream.shared
+        def tenant(ctx: runstream.SharedContext, _: None) -> str | None:
+            return ctx.headers.get("tenant")
+
+        @runstream.shared
         def balance_once(ctx: runstream.SharedContext, _: None) -> int:
             _log(f"read {ctx.key}")
             marker = os.environ.get("RUNSTREAM_TEST_KILL_ONCE")
@@ -75,6 +79,10 @@ def make_app(ns: str, bootstrap: str | None = None, **kw: Any) -> runstream.App:
     @app.workflow
     async def peeker(ctx: runstream.Context, key: str) -> int:
         return int(await ctx.entity("ledger", key).read("balance"))
+
+    @app.workflow
+    async def asks_tenant(ctx: runstream.Context, key: str) -> str | None:
+        return await ctx.entity("ledger", key).read("tenant")  # with the run's headers
 
     @app.workflow
     async def auditor(ctx: runstream.Context, key: str) -> int:

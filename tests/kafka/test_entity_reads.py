@@ -74,6 +74,13 @@ def engine(kafka_bootstrap, ns, tmp_path, monkeypatch):
     worker.stop()
 
 
+def test_headers_travel_with_a_clients_read_and_a_workflows_read(engine):
+    client = engine.client
+    assert client.entity("ledger", "ann").read("tenant", headers={"tenant": "zed"}) == "zed"
+    run_id = client.start("asks_tenant", "ann", headers={"tenant": "acme"})
+    assert client.result(run_id, timeout=30) == "acme"
+
+
 def test_a_workflows_read_never_waits_behind_a_call_holding_the_key(engine):
     client, gate = engine.client, engine.gate
     ann = client.entity("ledger", "ann")
