@@ -263,9 +263,16 @@ class Decider:
             why = f"{text} holds text UTF-8 cannot carry (a lone surrogate)"
             raise Rejected(Reason.UNENCODABLE, f"the decision cannot be recorded: {why}") from exc
         try:
-            b.effects.encode(self.codec.encode)
+            size, kind = b.effects.encode(self.codec.encode)
         except SchemaError as exc:
             raise Rejected(Reason.UNENCODABLE, f"the decision cannot be recorded: {exc}") from exc
+        if size > self.limits.record:  # what no rule sized: an interceptor's headers, say
+            raise Rejected(
+                Reason.OVERSIZE,
+                f"the decision makes a {kind} record of {size:,} bytes; a record takes at "
+                f"most {self.limits.record:,} (the largest Kafka record, "
+                f"{self.limits.max_record:,}, less its framing)",
+            )
 
     def _undo(self, b: Batch, run_id: str, mark: tuple[int, ...]) -> State:
         """Drop the effects since ``mark``, and rebuild the working copy of the run and of

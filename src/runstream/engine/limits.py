@@ -7,16 +7,27 @@ a user controls (a workflow input, a signal, a step or run output, a reply) must
 `Limits.payload`, the largest record less a fixed allowance for the envelope, and every
 free text that goes with it (errors, tracebacks, reasons) is clipped to `Limits.text`,
 and made encodable (`clean`): Avro strings are UTF-8, which has no lone surrogates.
+Interceptors' headers ride some records beside the payload (`headers_bytes`); whatever
+else a decision makes, the decider checks against `Limits.record` once it is encoded.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 #: Bytes of each record kept for everything but the payload: ids, names, clipped texts.
 ENVELOPE = 64 * 1024
 #: librdkafka's default ``message.max.bytes``; brokers default to a little more.
 DEFAULT_MAX_RECORD = 1_000_000
+#: Bytes of each record kept beside its encoded value: its key, the journal's evidence
+#: headers (`topics.txn`) and Kafka's own framing.
+FRAMING = 4 * 1024
+
+
+def headers_bytes(headers: Mapping[str, str]) -> int:
+    """What interceptor headers add to a record's ``headers`` field: their UTF-8 bytes."""
+    return sum(len(k.encode()) + len(v.encode()) for k, v in headers.items())
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +58,11 @@ class Limits:
     def __post_init__(self) -> None:
         if self.max_record <= 2 * ENVELOPE:
             raise ValueError(f"max_record must exceed {2 * ENVELOPE} bytes, not {self.max_record}")
+
+    @property
+    def record(self) -> int:
+        """The largest encoded value of a record the core produces."""
+        return self.max_record - FRAMING
 
     @property
     def payload(self) -> int:

@@ -176,16 +176,26 @@ class Effects:
     blobs: list[Blob] = field(default_factory=list)  # large payloads, to the blobs topic
     encoded: Encoded = field(default_factory=Encoded)
 
-    def encode(self, encode: Callable[[Record], bytes]) -> None:
+    def encode(self, encode: Callable[[Record], bytes]) -> tuple[int, str]:
         """Encode the records not encoded yet into `encoded` (the decision guard encodes
-        what each decision produced, so none is unencodable; the outbox, the rest)."""
-        e = self.encoded
-        e.facts += map(encode, self.facts[len(e.facts) :])
-        e.lifecycle += map(encode, self.lifecycle[len(e.lifecycle) :])
-        e.tasks += map(encode, self.tasks[len(e.tasks) :])
-        e.commands += map(encode, self.commands[len(e.commands) :])
-        e.replies += (encode(info) for _, info in self.replies[len(e.replies) :])
-        e.dead_letters += map(encode, self.dead_letters[len(e.dead_letters) :])
+        what each decision produced, so none is unencodable or too large; the outbox, the
+        rest). Returns the size and the type of the largest record encoded now."""
+        e, largest = self.encoded, (0, "")
+        pairs = (
+            (e.facts, self.facts),
+            (e.lifecycle, self.lifecycle),
+            (e.tasks, self.tasks),
+            (e.commands, self.commands),
+            (e.replies, [info for _, info in self.replies]),
+            (e.dead_letters, self.dead_letters),
+        )
+        for done, records in pairs:
+            for record in records[len(done) :]:
+                data = encode(record)
+                done.append(data)
+                if len(data) > largest[0]:
+                    largest = (len(data), type(record).__name__)
+        return largest
 
     def _lists(self) -> tuple[list[Any], ...]:
         e = self.encoded

@@ -4,6 +4,7 @@ children's ``parent_close`` (`ended`, from `core.emit`)."""
 
 from __future__ import annotations
 
+from runstream.engine.limits import headers_bytes
 from runstream.engine.requests import ChildCall
 from runstream.engine.rules import blobs, core, runs
 from runstream.engine.rules.context import Rejected, Rules
@@ -37,6 +38,10 @@ def start_child(ctx: Rules, b: Batch, st: RunState, call: ChildCall) -> bool:
         if runs.checked(ctx, call.workflow, None, call.input) is None:
             raise Rejected(Reason.UNKNOWN_WORKFLOW, f"no workflow {call.workflow!r}")
         data, too_large = blobs.keep(ctx, b, st, "the child's input", call.input)
+        size = len(data) + headers_bytes(call.headers)
+        too_large = too_large or ctx.limits.too_large(
+            "the child's start (its input and headers)", size
+        )
         if too_large:
             raise Rejected(Reason.OVERSIZE, too_large)
     except Rejected as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from runstream.engine import payload
+from runstream.engine.limits import headers_bytes
 from runstream.engine.rules import core, steps, taskgroups
 from runstream.engine.rules.context import Rejected, Rules
 from runstream.engine.state import RunState, RunView
@@ -56,9 +57,13 @@ def dispatch(
         heartbeat_ms=beat,
     )
     core.emit(b, st, started)
+    sent = dict(st.headers if headers is None else headers)
     try:
         data = payload.dumps(list(args))
-        error = ctx.limits.too_large(f"the arguments of step {step.name!r}", len(data))
+        size = len(data) + 2 * headers_bytes(sent)  # also the task's Kafka record headers
+        error = ctx.limits.too_large(
+            f"the task of step {step.name!r} (its arguments and headers)", size
+        )
     except Exception as exc:  # not JSON: the task cannot be sent, now or later
         error = f"the arguments of remote step {step.name!r} are not JSON: {exc}"
     if error:  # fails for good: no attempt can do better
@@ -76,7 +81,7 @@ def dispatch(
         group=policy.group,
         heartbeat_ms=beat,
         sent_at_ms=b.now,
-        headers=dict(st.headers if headers is None else headers),
+        headers=sent,
     )
     b.effects.tasks.append(task)
 

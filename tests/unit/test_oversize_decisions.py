@@ -1,0 +1,129 @@
+"""What a decision produces fits a Kafka record before Kafka sees it, whatever the
+interceptors add: their headers travel in a child's start, a remote step's task and a
+read's ask, and can make any of them larger than the record limit. Each gets its clear
+outcome on the pure core (no Kafka); nothing oversize is ever produced."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runstream import App
+from runstream.engine import payload
+from runstream.engine.limits import Limits
+from runstream.errors import ChildFailed, QueryFailed, StepError
+from runstream.interceptors import (
+    ChildInput,
+    EntityReadInput,
+    Interceptor,
+    StepInput,
+    WorkflowOutbound,
+)
+from runstream.schemas.codec import Codec
+
+from .corehelp import Core
+
+LIMITS = Limits(max_record=256 * 1024)
+FAT = "x" * 260_000  # a header value: more than a record takes
+
+
+class Fattening(Interceptor):
+    """Adds a header too large for a record to every child, step and read."""
+
+    def workflow_outbound(self, next: WorkflowOutbound) -> WorkflowOutbound:
+        class Out(WorkflowOutbound):
+            async def child(self, input: ChildInput) -> Any:
+                input.headers["fat"] = FAT
+                return await self.next.child(input)
+
+            async def step(self, input: StepInput) -> Any:
+                input.headers["fat"] = FAT
+                return await self.next.step(input)
+
+            async def entity_read(self, input: EntityReadInput) -> Any:
+                input.headers = {**input.headers, "fat": FAT}
+                return await self.next.entity_read(input)
+
+        return Out(next)
+
+
+app = App("fat", interceptors=[Fattening()])
+
+
+@app.step(group="far")
+def far(x: int) -> int:
+    return x
+
+
+@app.workflow()
+async def kid(ctx: Any, x: int) -> int:
+    return x
+
+
+@app.workflow()
+async def parent(ctx: Any, x: int) -> str:
+    try:
+        return str(await ctx.child(kid, x))
+    except ChildFailed as exc:
+        return f"child failed: {exc}"
+
+
+@app.workflow()
+async def remote(ctx: Any, x: int) -> str:
+    try:
+        return str(await ctx.step(far, x))
+    except StepError as exc:
+        return f"step failed: {exc}"
+
+
+@app.entity("box")
+class Box:
+    @staticmethod
+    async def put(ctx: Any, item: str) -> None:
+        ctx.state.set("item", item)
+
+
+@app.workflow()
+async def reader(ctx: Any, key: str) -> str:
+    try:
+        return str(await ctx.entity("box", key).read("missing"))
+    except QueryFailed as exc:
+        return f"read failed: {exc}"
+
+
+def _largest_output(core: Core) -> int:
+    codec = Codec.default()
+    records = [*core.commands, *core.tasks, *core.journal, *core.lifecycle]
+    return max(len(codec.encode(r)) for r in records)
+
+
+def _output(core: Core, run_id: str) -> Any:
+    st = core.state(run_id)
+    assert st.status == "completed", (st.status, st.error)
+    return payload.loads(st.output)
+
+
+def test_a_childs_start_made_too_large_by_its_headers_fails_the_child_call():
+    core = Core(app.registry, limits=LIMITS)
+    core.start("p", "parent", 1)
+    out = _output(core, "p")
+    assert out.startswith("child failed:") and "oversize" in out, out
+    assert not core.commands  # no start was sent
+    assert _largest_output(core) <= LIMITS.max_record
+
+
+def test_a_remote_steps_task_made_too_large_by_its_headers_fails_the_step_for_good():
+    core = Core(app.registry, limits=LIMITS)
+    core.start("r", "remote", 1)
+    out = _output(core, "r")
+    assert out.startswith("step failed:") and "headers" in out, out
+    assert not core.tasks
+    assert _largest_output(core) <= LIMITS.max_record
+
+
+def test_any_other_decision_too_large_for_a_record_is_refused_and_dead_lettered():
+    """The guard behind every rule: here a read's ask, which has no rule of its own."""
+    core = Core(app.registry, limits=LIMITS)
+    core.start("w", "reader", "k")
+    assert [d.code for d in core.dead] == ["oversize"]
+    assert "record" in core.dead[0].reason
+    assert not core.commands and _largest_output(core) <= LIMITS.max_record
