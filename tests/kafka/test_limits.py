@@ -96,3 +96,35 @@ def _client(ns: str, bootstrap: str) -> runstream.Client | None:
         return runstream.Client(ns, bootstrap, settings=Settings(blob_threshold_bytes=0))
     except runstream.RunstreamError:
         return None
+
+
+class _FatChildren(runstream.interceptors.Interceptor):
+    """Adds a header larger than any Kafka record to every child's start."""
+
+    def workflow_outbound(
+        self, next: runstream.interceptors.WorkflowOutbound
+    ) -> runstream.interceptors.WorkflowOutbound:
+        class Out(runstream.interceptors.WorkflowOutbound):
+            async def child(self, input: runstream.interceptors.ChildInput) -> object:
+                input.headers["fat"] = "x" * 1_100_000
+                return await self.next.child(input)
+
+        return Out(next)
+
+
+def test_a_child_made_too_large_by_an_interceptors_headers_fails_without_an_abort(
+    kafka_bootstrap, ns, tmp_path
+):
+    app = make_app(ns, kafka_bootstrap, interceptors=[_FatChildren()])
+    worker = ThreadWorker(app, tmp_path / "state", blob_threshold_bytes=0)
+    client = wait_for(lambda: _client(ns, kafka_bootstrap), what="the worker's topics")
+    try:
+        client.start("parent", 1, run_id="fat-parent")
+        with pytest.raises(runstream.RunFailed, match="oversize"):
+            client.result("fat-parent", timeout=60)
+        client.start("three_steps", 1, run_id="after")  # the instance carries on
+        assert client.result("after", timeout=60) == 4
+    finally:
+        client.close()
+        worker.stop()
+    assert worker.worker.stats["aborted"] == 0  # no transaction carried the child's start
