@@ -13,6 +13,7 @@ from runstream.engine.limits import Limits
 from runstream.errors import ChildFailed, QueryFailed, StepError
 from runstream.interceptors import (
     ChildInput,
+    ContinueAsNewInput,
     EntityReadInput,
     Interceptor,
     StepInput,
@@ -42,6 +43,10 @@ class Fattening(Interceptor):
             async def entity_read(self, input: EntityReadInput) -> Any:
                 input.headers = {**input.headers, "fat": FAT}
                 return await self.next.entity_read(input)
+
+            def continue_as_new(self, input: ContinueAsNewInput) -> Any:
+                input.headers["fat"] = FAT
+                return self.next.continue_as_new(input)
 
         return Out(next)
 
@@ -73,6 +78,13 @@ async def remote(ctx: Any, x: int) -> str:
         return str(await ctx.step(far, x))
     except StepError as exc:
         return f"step failed: {exc}"
+
+
+@app.workflow()
+async def looping(ctx: Any, n: int) -> int:
+    if n < 1:
+        ctx.continue_as_new(n + 1)
+    return n
 
 
 @app.entity("box")
@@ -118,6 +130,14 @@ def test_a_remote_steps_task_made_too_large_by_its_headers_fails_the_step_for_go
     assert out.startswith("step failed:") and "headers" in out, out
     assert not core.tasks
     assert _largest_output(core) <= LIMITS.max_record
+
+
+def test_a_continue_as_new_made_too_large_by_its_headers_fails_the_run():
+    core = Core(app.registry, limits=LIMITS)
+    core.start("l", "looping", 0)
+    st = core.state("l")
+    assert st.status == "failed" and "continue-as-new input with headers" in st.error, st.error
+    assert not core.commands and _largest_output(core) <= LIMITS.max_record
 
 
 def test_any_other_decision_too_large_for_a_record_is_refused_and_dead_lettered():

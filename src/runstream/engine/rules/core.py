@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from runstream.engine import lifecycle, payload
+from runstream.engine.limits import headers_bytes
 from runstream.engine.reducer import apply
 from runstream.engine.replay import replay
 from runstream.engine.requests import (
@@ -125,6 +126,9 @@ def _follow(ctx: Rules, b: Batch, st: RunState, result: Replay, relaunch: frozen
                 emit(b, st, RunCompleted(run_id, now, output=output))
         case ContinuedAsNew(value, headers):
             data, problem = _dumps(ctx, "the continue-as-new input", value, b, st)
+            if headers is not None and not problem:  # an interceptor's headers ride along
+                size = len(data) + headers_bytes(headers)
+                problem = ctx.limits.too_large("the continue-as-new input with headers", size)
             if problem:
                 emit(b, st, blobs.failed(run_id, now, problem))
                 return False
