@@ -80,6 +80,16 @@ async def remote(ctx: Any, x: int) -> str:
         return f"step failed: {exc}"
 
 
+@app.step
+def shout() -> None:
+    raise ValueError("e" * 150_000)
+
+
+@app.workflow()
+async def loud(ctx: Any, _: None) -> None:
+    await ctx.step(shout)
+
+
 @app.workflow()
 async def looping(ctx: Any, n: int) -> int:
     if n < 1:
@@ -140,10 +150,22 @@ def test_a_continue_as_new_made_too_large_by_its_headers_fails_the_run():
     assert not core.commands and _largest_output(core) <= LIMITS.max_record
 
 
-def test_any_other_decision_too_large_for_a_record_is_refused_and_dead_lettered():
-    """The guard behind every rule: here a read's ask, which has no rule of its own."""
+def test_a_reads_ask_made_too_large_by_its_headers_fails_the_read():
     core = Core(app.registry, limits=LIMITS)
     core.start("w", "reader", "k")
-    assert [d.code for d in core.dead] == ["oversize"]
-    assert "record" in core.dead[0].reason
+    out = _output(core, "w")
+    assert out.startswith("read failed: the ask of read 'missing'") and "limit" in out, out
     assert not core.commands and _largest_output(core) <= LIMITS.max_record
+
+
+def test_any_other_decision_too_large_for_a_record_is_refused_and_dead_lettered():
+    """The guard behind every rule, here with texts clipped later than a record ends
+    (`Limits.text` set past it): a step's error as long as that makes its failure's fact
+    too large. The decision is refused, its cause dead-lettered; nothing is produced."""
+    wide = Limits(max_record=140_000, text=200_000)
+    core = Core(app.registry, limits=wide)
+    core.start("s", "loud", None)
+    assert [d.code for d in core.dead] == ["oversize"]
+    assert "StepFailed record of" in core.dead[0].reason, core.dead[0].reason
+    assert not [f for f in core.journal if type(f).__name__ == "StepFailed"]
+    assert _largest_output(core) <= wide.max_record

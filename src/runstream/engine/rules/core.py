@@ -181,7 +181,7 @@ def _follow(ctx: Rules, b: Batch, st: RunState, result: Replay, relaunch: frozen
         case Blocked(ChildCall() as call):
             return children.start_child(ctx, b, st, call)
         case Blocked(EntityRead() as read):
-            entities.ask(b, st, read)
+            return entities.ask(ctx, b, st, read)
         case Blocked(PromiseWait(seq)):  # its PromiseCreated is recorded: no fact, but say so
             b.effects.lifecycle.append(lifecycle.awaiting_promise(st, seq, now))
         case Blocked(EventWait(seq, name, key, timeout)):

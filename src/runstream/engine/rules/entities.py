@@ -15,6 +15,7 @@ from typing import Any
 
 from runstream.engine import lifecycle, payload
 from runstream.engine.entities import SHOW, EntityDef, load_state
+from runstream.engine.limits import headers_bytes
 from runstream.engine.requests import EntityRead, recorded_op
 from runstream.engine.rules import core
 from runstream.engine.rules.context import Rejected, Rules
@@ -28,6 +29,7 @@ from runstream.schemas.records import (
     Fact,
     LiveQuery,
     PermitRequested,
+    PromiseCompleted,
     PromiseCreated,
     QueryAnswer,
     Reason,
@@ -71,18 +73,23 @@ def shared(ctx: Rules, b: Batch, ent: LimitState, cmd: LiveQuery) -> None:
     reply(b, cmd, answer)
 
 
-def ask(b: Batch, st: RunState, read: EntityRead) -> None:
+def ask(ctx: Rules, b: Batch, st: RunState, read: EntityRead) -> bool:
     """A workflow reads an entity's key: record the read's promise and send the shared
     call to the key's lock in this transaction, once (a replay finds the promise and
     waits for its answer). The call waits in the log for the lock's owner, if it has
-    none now (a handover): a read never fails for want of an owner."""
+    none now (a handover): a read never fails for want of an owner. An ask too large to
+    send (its argument and headers) fails the read at once: True, the workflow goes on."""
     if read.seq in st.resolved:
-        return  # asked already
+        return False  # asked already
     due = None if read.timeout is None else b.now + int(read.timeout * 1000)
     created = PromiseCreated(
         st.run_id, b.now, seq=read.seq, promise_id=read.promise_id, timeout_at_ms=due
     )
     core.emit(b, st, created)
+    size = len(read.arg) + headers_bytes(read.headers)
+    if too_large := ctx.limits.too_large(f"the ask of read {read.handler!r}", size):
+        core.emit(b, st, PromiseCompleted(st.run_id, b.now, seq=read.seq, error=too_large))
+        return True
     asked = LiveQuery(
         read.lock,
         read.promise_id,
@@ -95,6 +102,7 @@ def ask(b: Batch, st: RunState, read: EntityRead) -> None:
     b.effects.commands.append(asked)
     why = f"waiting for the answer of {read.handler!r} of {read.lock!r}"
     b.effects.lifecycle.append(replace(lifecycle.awaiting_promise(st, read.seq, b.now), reason=why))
+    return False
 
 
 def reply(b: Batch, cmd: LiveQuery, answer: QueryAnswer) -> None:
