@@ -471,6 +471,29 @@ def test_a_querys_inbound_link_sees_the_callers_headers_over_the_runs() -> None:
     assert seen == [{"tenant": "the caller's", "trace": "t1"}]
 
 
+def test_kafka_record_headers_of_a_query_reach_its_inbound_links() -> None:
+    """A plain producer in any language sets Kafka record headers only: a live query's
+    are merged into its headers as a start's are (the command's field wins)."""
+    seen: list[dict[str, str]] = []
+
+    class Peek(Interceptor):
+        def workflow_inbound(self, next: WorkflowInbound) -> WorkflowInbound:
+            class In(WorkflowInbound):
+                def query(self, input: QueryInput) -> Any:
+                    seen.append(dict(input.headers))
+                    return self.next.query(input)
+
+            return In(next)
+
+    core = Core(registry(Peek()))
+    start(core, "r", "counter", 1)
+    cmd = LiveQuery("r", "q1", reply_to="me", name="total", arg=b"null", headers={"a": "field"})
+    headers = (("a", b"kafka"), ("b", b"kafka"), ("runstream-redrive", b"1"), ("bin", b"\xff"))
+    core.offset += 1
+    core.handle(LogRecord("t.commands", 0, core.offset, b"r", core.codec.encode(cmd), headers))
+    assert seen == [{"a": "field", "b": "kafka"}]
+
+
 def test_updates_and_queries_pass_through_the_inbound_links() -> None:
     """An update's handler and a live query's handler each go through the inbound chain,
     outermost first; the update's handler is live once, then a replay."""

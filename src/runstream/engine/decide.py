@@ -48,6 +48,7 @@ from runstream.schemas.records import (
     DeadLetter,
     Kind,
     LifecycleEvent,
+    LiveQuery,
     PublishEvent,
     Reason,
     RunInfo,
@@ -135,12 +136,12 @@ class Decider:
         if problem:
             self._dead_letter(b, rec, Reason.BAD_RUN_ID, problem)
             return None
-        merged = isinstance(cmd, StartRun) and kafka_headers(rec.headers)
-        if isinstance(cmd, StartRun) and merged:  # a plain producer's traceparent, say
+        merged = isinstance(cmd, StartRun | LiveQuery) and kafka_headers(rec.headers)
+        if isinstance(cmd, StartRun | LiveQuery) and merged:  # a plain producer's traceparent
             cmd = replace(cmd, headers={**merged, **cmd.headers})
         home = partition_for(run_id.encode(), self.partitions)
         if home != rec.partition:  # a producer with another partitioner: route it home
-            # (a start with its Kafka headers in it: forwarding keeps no Kafka headers)
+            # (a command with its Kafka headers in it: forwarding keeps no Kafka headers)
             b.effects.forwards.append(
                 Forward(home, rec.key, self.codec.encode(cmd) if merged else value)
             )
