@@ -8,7 +8,7 @@ replies and dead letters of one transaction, and the step bodies to run after it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,16 +181,16 @@ class Effects:
         what each decision produced, so none is unencodable or too large; the outbox, the
         rest). Returns the size and the type of the largest record encoded now."""
         e, largest = self.encoded, (0, "")
-        pairs = (
-            (e.facts, self.facts),
-            (e.lifecycle, self.lifecycle),
-            (e.tasks, self.tasks),
-            (e.commands, self.commands),
-            (e.replies, [info for _, info in self.replies]),
-            (e.dead_letters, self.dead_letters),
+        new: tuple[tuple[list[bytes], Sequence[Record]], ...] = (
+            (e.facts, self.facts[len(e.facts) :]),
+            (e.lifecycle, self.lifecycle[len(e.lifecycle) :]),
+            (e.tasks, self.tasks[len(e.tasks) :]),
+            (e.commands, self.commands[len(e.commands) :]),
+            (e.replies, [info for _, info in self.replies[len(e.replies) :]]),
+            (e.dead_letters, self.dead_letters[len(e.dead_letters) :]),
         )
-        for done, records in pairs:
-            for record in records[len(done) :]:
+        for done, records in new:
+            for record in records:
                 data = encode(record)
                 done.append(data)
                 if len(data) > largest[0]:
