@@ -335,6 +335,9 @@ class KafkaLog(Transactions):
                 "group.id": f"{ns}.restore",
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",
+                # A fetch refused as out of range (a leader killed mid-restore) must not
+                # move the position: "latest" skipped facts (`_read_settled`).
+                "auto.offset.reset": "error",
                 "enable.partition.eof": True,
                 "fetch.wait.max.ms": 50,
             }
@@ -484,7 +487,6 @@ class KafkaLog(Transactions):
         from_beginning: bool = False,
         decided: Collection[int] = (),
     ) -> Iterator[LogRecord]:
-        at = (lambda o: OFFSET_BEGINNING) if from_beginning else (lambda o: o)
         ends = self._asking(
             "list_offsets",
             f"reading the end offsets of {journal}",
@@ -495,24 +497,64 @@ class KafkaLog(Transactions):
         }
         if not open_partitions:  # nothing to fetch: no consumer round trip
             return
-        self._restorer.assign([TopicPartition(journal, p, at(start[p])) for p in open_partitions])
+        # Where each partition's read goes on from: the restorer's position moves only
+        # by what it yields (never by an offset reset: see `_refetch`).
+        next_at = {p: OFFSET_BEGINNING if from_beginning else start[p] for p in start}
+        refetches = 0
+
+        def assign() -> None:
+            self._restorer.assign([TopicPartition(journal, p, next_at[p]) for p in open_partitions])
+
+        assign()
         try:
             while open_partitions and not stopping():
                 for msg in consume_ready(self._restorer, 0.5, 2000):
                     err, p = msg.error(), msg.partition() or 0
                     if err is None:
                         yield as_record(msg)
-                        if (msg.offset() or 0) + 1 >= ends[p]:
+                        next_at[p] = (msg.offset() or 0) + 1
+                        if next_at[p] >= ends[p]:
                             open_partitions.discard(p)
                     elif err.code() == KafkaError._PARTITION_EOF:
                         if (msg.offset() or 0) >= ends[p]:  # past markers and aborted data
                             open_partitions.discard(p)
+                    elif err.code() == KafkaError._AUTO_OFFSET_RESET and p in open_partitions:
+                        refetches += 1
+                        self._refetch(journal, p, next_at[p], refetches, err)
+                        assign()
+                        break  # what was consumed with it came from the old assignment
                     elif transient(err):  # a leader moving: the consumer fetches again
                         log.warning("reading %s: %s", journal, err)
                     else:
                         raise KafkaFatal(f"reading {journal}: {err}")
         finally:
             self._restorer.unassign()
+
+    def _refetch(self, topic: str, p: int, offset: int, times: int, err: KafkaError) -> None:
+        """A fetch of ``topic`` partition ``p`` at ``offset`` was refused as out of range.
+        A leader that moves (a broker killed in a restore) can refuse one for a moment:
+        the read asks again from the same offset. Records deleted before it (retention
+        on the journal, which must keep all) are facts lost: KafkaFatal says so."""
+        try:
+            low, _ = self._restorer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)
+        except KafkaException:
+            low = OFFSET_BEGINNING  # no answer now: ask the partition again
+        if offset >= 0 and low > offset:
+            raise KafkaFatal(
+                f"reading {topic}: partition {p} now begins at offset {low}, past offset "
+                f"{offset} this restore needs: its records were deleted (the journal must "
+                "keep every record: retention.ms=-1)"
+            )
+        if times > 100:
+            raise KafkaFatal(f"reading {topic}: partition {p} refused at offset {offset}: {err}")
+        log.warning(
+            "reading %s: partition %d: %s; fetching again from offset %d",
+            topic,
+            p,
+            err.str(),
+            offset,
+        )
+        time.sleep(0.2)
 
     def _high_watermarks(self, topic: str, partitions: list[int]) -> dict[int, int]:
         """Each partition's high watermark, past every record written, committed or not (a
@@ -821,6 +863,9 @@ def read_to_end(
             "group.id": f"runstream.reader.{time.time_ns()}",
             "enable.auto.commit": False,
             "enable.partition.eof": True,
+            # A fetch refused as out of range (a leader moving) starts the partition
+            # again from its start, never at its end: "latest" would cut the read short.
+            "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
             "fetch.wait.max.ms": 100,
             "fetch.max.bytes": 64 * 1024 * 1024,
@@ -842,6 +887,7 @@ def read_to_end(
         )
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
         at_end: set[int] = set()
+        read_to: dict[int, int] = {}  # each partition's next offset: a reset reads again
         idle_since = time.monotonic()
         while len(at_end) < len(parts):
             msgs = consumer.consume(batch, 0.5)
@@ -852,9 +898,11 @@ def read_to_end(
             idle_since = time.monotonic()
             out = []
             for msg in msgs:
-                err = msg.error()
+                err, p, offset = msg.error(), msg.partition() or 0, msg.offset() or 0
                 if err is None:
-                    out.append(as_record(msg))
+                    if offset >= read_to.get(p, 0):
+                        out.append(as_record(msg))
+                        read_to[p] = offset + 1
                 elif err.code() == KafkaError._PARTITION_EOF:
                     at_end.add(msg.partition() or 0)
                 else:
