@@ -180,19 +180,27 @@ def _settings(record: dict[str, Any], bench: Bench, ns: str) -> None:
 
 
 def throughput(
-    bench: Bench, ns: str, runs: int, in_flight: int, tag: str, timeout: float = 60
+    bench: Bench,
+    ns: str,
+    runs: int,
+    in_flight: int,
+    tag: str,
+    timeout: float = 60,
+    task_worker: Engine | None = None,
 ) -> dict[str, Any]:
     """Keep ``in_flight`` W1 runs started and not finished until ``runs`` finished;
-    completions come from one read_committed consumer of the lifecycle topic."""
+    completions come from one read_committed consumer of the lifecycle topic. The CPU
+    of ``task_worker`` (W8), over the same window, counts in the total."""
     lc = Lifecycle(bench.bootstrap, ns, tag.encode())
     client = runstream.Client(ns, bench.bootstrap)
     engine_pids = [e.pid for e in bench.engines if e.pid is not None]
     broker_pids, broker_source = bench.broker_pids()
+    worker_pids = [task_worker.pid] if task_worker and task_worker.pid is not None else []
     try:
         ids = [f"{tag}{i}" for i in range(runs)]
         started = done = wrong = 0
         failed: list[str] = []
-        cpu0 = (tree_cpu(engine_pids), tree_cpu(broker_pids))
+        cpu0 = (tree_cpu(engine_pids), tree_cpu(broker_pids), tree_cpu(worker_pids))
         t0 = time.perf_counter()
         t_last = t_said = t0
         while started < min(in_flight, runs):
@@ -221,11 +229,11 @@ def throughput(
         # CPU over the same window (to the last completion seen, a few ms after the fact)
         engine = cpu_used(cpu0[0], tree_cpu(engine_pids))
         broker = cpu_used(cpu0[1], tree_cpu(broker_pids)) if broker_pids else None
-        cpu = {
-            "engine": engine,
-            "broker": broker,
-            "total": engine + broker if broker is not None else None,
-        }
+        cpu: dict[str, float | None] = {"engine": engine, "broker": broker}
+        if task_worker is not None:
+            cpu["task_worker"] = worker = cpu_used(cpu0[2], tree_cpu(worker_pids))
+            engine += worker
+        cpu["total"] = engine + broker if broker is not None else None
         dupes = sum(1 for n in lc.terminal_count.values() if n > 1)
         return {
             "runs": runs,
@@ -1089,9 +1097,9 @@ W8_CONCURRENCY = 16
 
 
 @contextlib.contextmanager
-def remote_processes(bench: Bench, ns: str, rep: dict[str, Any]) -> Iterator[None]:
-    """W8: a task-worker process serving group ``bench`` and one engine instance of
-    ``remote_app``, ready (the harness's warm-up runs went through both); stopped
+def remote_processes(bench: Bench, ns: str, rep: dict[str, Any]) -> Iterator[Engine]:
+    """W8: a task-worker process serving group ``bench`` (yielded) and one engine instance
+    of ``remote_app``, ready (the harness's warm-up runs went through both); stopped
     afterwards, with their exit codes, CPU time, log problems and peak RSS in ``rep``."""
     bench.sampler.reset()
     began = time.perf_counter()
@@ -1102,7 +1110,7 @@ def remote_processes(bench: Bench, ns: str, rep: dict[str, Any]) -> Iterator[Non
         if not worker.alive():
             raise BenchError("the task worker exited during start-up:\n" + tail(worker.log_text()))
         rep["ready_s"] = round(time.perf_counter() - began, 2)
-        yield
+        yield worker
     finally:
         bench.sampler.sample()
         rep["engine_cpu_s"] = round(bench.sampler.cpu_seconds("engine"), 2)
@@ -1135,9 +1143,14 @@ def _w1_latency(client: runstream.Client, warmup: int, runs: int) -> dict[str, A
 def _local_figures() -> dict[str, Any]:
     """The medians of the last W1 and W2 results (benchmarks/results/), to set W8 beside."""
     out: dict[str, Any] = {}
-    for name, path in (("W1", ("latency_ms", "p50")), ("W2", ("runs_per_s",))):
+    figures = (
+        ("W1", ("latency_ms", "p50")),
+        ("W2", ("runs_per_s",)),
+        ("W2_cpu", ("cpu_s_per_1000_runs", "total")),
+    )
+    for name, path in figures:
         try:
-            data = json.loads((RESULTS / f"{name}.json").read_text())
+            data = json.loads((RESULTS / f"{name[:2]}.json").read_text())
             value = data["summary"]
             for key in path:
                 value = value[key]
@@ -1176,8 +1189,8 @@ def w8(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
         ns = bench.namespace("W8-W2", r)
         rep2 = _new_rep(ns, r) | {"part": "W2"}
         reps.append(rep2)
-        with remote_processes(bench, ns, rep2):
-            rep2.update(throughput(bench, ns, runs2, in_flight, f"w8-{r}-"))
+        with remote_processes(bench, ns, rep2) as worker:
+            rep2.update(throughput(bench, ns, runs2, in_flight, f"w8-{r}-", task_worker=worker))
         log(
             f"W8 repeat {r + 1}: W1 p50 {rep1['latency_ms']['p50']:.1f} ms, "
             f"W2 {rep2['runs_per_s']} runs/s"
@@ -1190,20 +1203,30 @@ def w8(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
             k: spread(rep["latency_ms"][k] for rep in lat) for k in ("p50", "p90", "p99", "mean")
         },
         **{k: spread(rep[k] for rep in thr) for k in ("runs_per_s", "steps_per_s", "wall_s")},
+        "cpu_s_per_1000_runs": {
+            k: spread(rep["cpu_s_per_1000_runs"][k] for rep in thr)
+            for k in ("engine", "task_worker", "broker", "total")
+        },
     }
     local = _local_figures()
+    cpu = summary["cpu_s_per_1000_runs"]["total"]
     p50, rps = summary["latency_ms"]["p50"], summary["runs_per_s"]
     summary["beside_local"] = {
-        "definition": "W8-W2 runs/s as a share of W2 runs/s, and W8-W1 p50 over W1 p50 "
-        "(medians; W1 and W2 as last written to benchmarks/results/: run them in the same "
+        "definition": "W8-W2 runs/s as a share of W2 runs/s, W8-W1 p50 over W1 p50, and "
+        "W8-W2's CPU s per 1,000 runs (engine, task worker and broker) over W2's (medians; "
+        "W1 and W2 as last written to benchmarks/results/: run them in the same "
         "invocation, `python -m benchmarks W1 W2 W8`)",
         "W1": local["W1"],
         "W2": local["W2"],
+        "W2_cpu": local["W2_cpu"],
         "w2_share": round(rps["median"] / local["W2"]["median"], 3)
         if rps and local["W2"]
         else None,
         "w1_p50_ratio": round(p50["median"] / local["W1"]["median"], 2)
         if p50 and local["W1"]
+        else None,
+        "cpu_ratio": round(cpu["median"] / local["W2_cpu"]["median"], 2)
+        if cpu and local["W2_cpu"]
         else None,
     }
     record["summary"] = summary
@@ -1218,6 +1241,10 @@ def w8(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
         line += f"; W2 at {beside['w2_share']:.0%} of local"
     if beside["w1_p50_ratio"] is not None:
         line += f", W1 p50 {beside['w1_p50_ratio']}x local"
+    if cpu is not None:
+        line += f"; CPU {cpu['median']:.2f} s per 1,000 runs"
+        if beside["cpu_ratio"] is not None:
+            line += f" ({beside['cpu_ratio']}x local)"
     return record, line
 
 

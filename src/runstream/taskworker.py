@@ -137,6 +137,7 @@ class TaskWorker:
         self.metrics = TaskMetrics(
             group, self.stats, lambda: (self._slots.running, self._slots.held[0])
         )
+        self._metered = False  # metrics served (off: the bodies' histograms cost nothing)
         self._stopping, self._hurry = threading.Event(), threading.Event()
         self._log: TaskLog | None = None
         self._slots = _Slots(concurrency, self._work)
@@ -176,6 +177,7 @@ class TaskWorker:
             raise ConfigError(
                 f"cannot serve metrics on {s.metrics_host}:{s.metrics_port}: {exc}"
             ) from exc
+        self._metered = server is not None
         try:
             self._log = open_task_log(
                 self.settings, self.topics, self.group, self.worker_id, self._stopping.is_set
@@ -350,9 +352,11 @@ class TaskWorker:
         job = StepJob(
             -1, task.run_id, task.seq, task.attempt, served.step, args, headers=task.headers
         )
-        self.metrics.started(task.name, task.sent_at_ms, _now_ms())
+        if self._metered:
+            self.metrics.started(task.name, task.sent_at_ms, _now_ms())
         outcome = execute(job, context, self.app.registry.interceptors)
-        self.metrics.ran(task.name, outcome.ok, outcome.duration_ms)
+        if self._metered:
+            self.metrics.ran(task.name, outcome.ok, outcome.duration_ms)
         return self._result(tl, task, outcome)
 
     def _result(self, tl: TaskLog, task: StepTask, o: StepOutcome) -> StepResult:

@@ -133,7 +133,9 @@ class TaskLog:
                 "auto.offset.reset": "earliest",
                 "partition.assignment.strategy": "cooperative-sticky",
                 "session.timeout.ms": session_timeout_ms,
-                "fetch.wait.max.ms": 10,
+                # The broker answers a waiting fetch as soon as a transaction's tasks turn
+                # visible; this only bounds the empty fetches of an idle worker.
+                "fetch.wait.max.ms": 100,
             }
         )
         self._producer = Producer(
@@ -142,7 +144,10 @@ class TaskLog:
                 "client.id": f"{self.topic}.{worker_id}",
                 "enable.idempotence": True,
                 "acks": "all",
+                # A result leaves at once when none is in flight; under load, the results
+                # that end meanwhile follow in one request, not one each.
                 "linger.ms": 0,
+                "max.in.flight.requests.per.connection": 1,
                 "partitioner": "murmur2_random",  # dead letters: Kafka's partitioner
             }
         )
