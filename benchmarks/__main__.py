@@ -96,6 +96,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--sleep", type=float, default=None, help="W4: the durable sleep, s (2)")
     p.add_argument(
+        "--session-timeout-ms",
+        type=int,
+        default=None,
+        help="W11: the engines' group session timeout, ms (6000; heartbeat a third of it)",
+    )
+    p.add_argument(
         "--supervisor-restart",
         action="store_true",
         help="W4: SIGKILL only the engine process below `runstream worker`'s supervisor and "
