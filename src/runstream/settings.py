@@ -25,6 +25,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 KAFKA_KEY_PREFIX = "RUNSTREAM_KAFKA_"
+HEARTBEAT_MS = 3000  # librdkafka's default heartbeat.interval.ms
 
 
 def kafka_key_env(key: str) -> str:
@@ -98,9 +99,10 @@ class Settings(BaseSettings):
     heartbeat_interval_ms: int | None = Field(
         None,
         ge=100,
-        description="How often an instance's consumers tell the group they are alive (on "
-        "librdkafka's own thread, not the engine's loop), below session_timeout_ms. "
-        "Default: a third of session_timeout_ms.",
+        description="How often an instance's consumers tell the group they are alive and "
+        "learn of a rebalance (on librdkafka's own thread, not the engine's loop), below "
+        "session_timeout_ms. Default: 3000 (librdkafka's), or a third of "
+        "session_timeout_ms if that is shorter.",
     )
     standbys: int = Field(
         0,
@@ -242,7 +244,8 @@ class Settings(BaseSettings):
 
     def group_session(self) -> dict[str, int]:
         """The librdkafka settings of an instance's consumer group membership."""
-        beat = self.heartbeat_interval_ms or self.session_timeout_ms // 3
+        # Not a third of a long session: every rebalance waits for the members' heartbeats.
+        beat = self.heartbeat_interval_ms or min(HEARTBEAT_MS, self.session_timeout_ms // 3)
         return {"session.timeout.ms": self.session_timeout_ms, "heartbeat.interval.ms": beat}
 
     @classmethod

@@ -14,11 +14,14 @@ from runstream.settings import Settings
 from runstream.topics.kafka import consume_records
 
 
-def test_the_heartbeat_defaults_to_a_third_of_the_session_timeout():
+def test_the_heartbeat_defaults_to_a_third_of_a_short_session_timeout_and_3s_at_most():
     assert Settings(session_timeout_ms=3000).group_session() == {
         "session.timeout.ms": 3000,
         "heartbeat.interval.ms": 1000,
     }
+    # a long session keeps librdkafka's 3 s: the heartbeat is also how a rebalance is learnt
+    assert Settings(session_timeout_ms=45_000).group_session()["heartbeat.interval.ms"] == 3000
+    assert Settings().group_session()["heartbeat.interval.ms"] == 3000
     given = Settings(session_timeout_ms=3000, heartbeat_interval_ms=500).group_session()
     assert given["heartbeat.interval.ms"] == 500
 
