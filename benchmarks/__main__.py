@@ -99,7 +99,15 @@ def parser() -> argparse.ArgumentParser:
         "--session-timeout-ms",
         type=int,
         default=None,
-        help="W11: the engines' group session timeout, ms (6000; heartbeat a third of it)",
+        help="W11: the engines' group session timeout, ms (6000; heartbeat a third of it, "
+        "3000 at most)",
+    )
+    p.add_argument(
+        "--transaction-timeout-ms",
+        type=int,
+        default=None,
+        help="W11: the engines' transaction timeout, ms (10000): how long a transaction the "
+        "victim left open holds its partitions",
     )
     p.add_argument(
         "--supervisor-restart",
