@@ -234,18 +234,21 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _heartbeat_below_session(self) -> Settings:
-        beat, session = self.heartbeat_interval_ms, self.session_timeout_ms
-        if beat is not None and beat >= session:
+        session = self.group_session()
+        beat, timeout = session["heartbeat.interval.ms"], session["session.timeout.ms"]
+        if beat >= timeout:
             raise ValueError(
-                f"heartbeat_interval_ms ({beat}) must be below session_timeout_ms ({session}): "
+                f"heartbeat_interval_ms ({beat}) must be below session_timeout_ms ({timeout}): "
                 "the group takes a member that sent no heartbeat for a session as dead"
             )
         return self
 
     def group_session(self) -> dict[str, int]:
-        """The librdkafka settings of an instance's consumer group membership."""
+        """The librdkafka settings of an instance's consumer group membership (a heartbeat
+        given in ``kafka`` still counts, as it did before `heartbeat_interval_ms`)."""
+        given = self.heartbeat_interval_ms or self.kafka.get("heartbeat.interval.ms")
         # Not a third of a long session: every rebalance waits for the members' heartbeats.
-        beat = self.heartbeat_interval_ms or min(HEARTBEAT_MS, self.session_timeout_ms // 3)
+        beat = int(given or min(HEARTBEAT_MS, self.session_timeout_ms // 3))
         return {"session.timeout.ms": self.session_timeout_ms, "heartbeat.interval.ms": beat}
 
     @classmethod

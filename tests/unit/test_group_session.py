@@ -26,6 +26,14 @@ def test_the_heartbeat_defaults_to_a_third_of_a_short_session_timeout_and_3s_at_
     assert given["heartbeat.interval.ms"] == 500
 
 
+def test_a_heartbeat_given_as_a_librdkafka_setting_still_counts(monkeypatch):
+    monkeypatch.setenv("RUNSTREAM_KAFKA_HEARTBEAT_INTERVAL_MS", "700")
+    assert Settings(session_timeout_ms=3000).group_session()["heartbeat.interval.ms"] == 700
+    monkeypatch.setenv("RUNSTREAM_KAFKA_HEARTBEAT_INTERVAL_MS", "1500")
+    with pytest.raises(ValidationError, match=r"heartbeat_interval_ms \(1500\) must be below"):
+        Settings(session_timeout_ms=1500)
+
+
 @pytest.mark.parametrize("beat", [3000, 4000])
 def test_a_heartbeat_not_below_the_session_timeout_is_refused_with_a_clear_error(beat):
     with pytest.raises(ValidationError, match=r"heartbeat_interval_ms \(\d+\) must be below"):
