@@ -96,6 +96,20 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--sleep", type=float, default=None, help="W4: the durable sleep, s (2)")
     p.add_argument(
+        "--session-timeout-ms",
+        type=int,
+        default=None,
+        help="W11: the engines' group session timeout, ms (6000; heartbeat a third of it, "
+        "3000 at most)",
+    )
+    p.add_argument(
+        "--transaction-timeout-ms",
+        type=int,
+        default=None,
+        help="W11: the engines' transaction timeout, ms (10000): how long a transaction the "
+        "victim left open holds its partitions",
+    )
+    p.add_argument(
         "--supervisor-restart",
         action="store_true",
         help="W4: SIGKILL only the engine process below `runstream worker`'s supervisor and "

@@ -19,12 +19,13 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 KAFKA_KEY_PREFIX = "RUNSTREAM_KAFKA_"
+HEARTBEAT_MS = 3000  # librdkafka's default heartbeat.interval.ms
 
 
 def kafka_key_env(key: str) -> str:
@@ -86,7 +87,23 @@ class Settings(BaseSettings):
     transaction_timeout_ms: int = Field(
         10_000, ge=1000, description="How long a crashed instance can hold its partitions."
     )
-    session_timeout_ms: int = Field(10_000, ge=6000, description="Consumer group session timeout.")
+    session_timeout_ms: int = Field(
+        10_000,
+        ge=1000,
+        description="How long the consumer group waits for a silent instance before it "
+        "gives the instance's partitions to the others: most of a failover. The broker "
+        "bounds it (group.min.session.timeout.ms, 6000 by default; 1000 on the local "
+        "broker); shorter risks taking a live instance's partitions at a long GC pause or "
+        "network blip (docs/guides/deploying.md).",
+    )
+    heartbeat_interval_ms: int | None = Field(
+        None,
+        ge=100,
+        description="How often an instance's consumers tell the group they are alive and "
+        "learn of a rebalance (on librdkafka's own thread, not the engine's loop), below "
+        "session_timeout_ms. Default: 3000 (librdkafka's), or a third of "
+        "session_timeout_ms if that is shorter.",
+    )
     standbys: int = Field(
         0,
         ge=0,
@@ -214,6 +231,25 @@ class Settings(BaseSettings):
         description="The Confluent-compatible Schema Registry where the engine registers the "
         "lifecycle schema at start (lifecycle_format avro-registry).",
     )
+
+    @model_validator(mode="after")
+    def _heartbeat_below_session(self) -> Settings:
+        session = self.group_session()
+        beat, timeout = session["heartbeat.interval.ms"], session["session.timeout.ms"]
+        if beat >= timeout:
+            raise ValueError(
+                f"heartbeat_interval_ms ({beat}) must be below session_timeout_ms ({timeout}): "
+                "the group takes a member that sent no heartbeat for a session as dead"
+            )
+        return self
+
+    def group_session(self) -> dict[str, int]:
+        """The librdkafka settings of an instance's consumer group membership (a heartbeat
+        given in ``kafka`` still counts, as it did before `heartbeat_interval_ms`)."""
+        given = self.heartbeat_interval_ms or self.kafka.get("heartbeat.interval.ms")
+        # Not a third of a long session: every rebalance waits for the members' heartbeats.
+        beat = int(given or min(HEARTBEAT_MS, self.session_timeout_ms // 3))
+        return {"session.timeout.ms": self.session_timeout_ms, "heartbeat.interval.ms": beat}
 
     @classmethod
     def settings_customise_sources(

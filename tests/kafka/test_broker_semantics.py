@@ -17,6 +17,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from runstream.engine.partitioner import partition_for
+from runstream.settings import Settings
 from runstream.topics.admin import client_config
 
 pytestmark = pytest.mark.kafka
@@ -152,3 +153,42 @@ def test_murmur2_random_puts_a_key_in_the_same_partition_of_every_topic(
     assert len(set(first.values())) > 1  # keys really spread out
     # and the same partition the Java client's default partitioner would choose
     assert all(p == partition_for(k, partitions) for k, p in first.items())
+
+
+def test_a_member_whose_loop_is_blocked_past_its_session_timeout_keeps_its_partitions(
+    kafka_bootstrap, kafka_admin, ns
+):
+    """The group session is kept by librdkafka's own thread (the engine's heartbeat
+    interval, `Settings.group_session`), not by polls: a loop stuck in a long decision or
+    a slow restore is not taken for dead; only max.poll.interval.ms bounds it."""
+    topic, session = f"{ns}.commands", Settings(session_timeout_ms=6000)
+    create_topics(kafka_admin, [topic])
+    events: list[str] = []
+    consumer = Consumer(
+        {
+            **client_config(kafka_bootstrap),
+            **session.group_session(),
+            "group.id": f"{ns}-group",
+            "client.id": f"{ns}-member",
+            "partition.assignment.strategy": "cooperative-sticky",
+        }
+    )
+    consumer.subscribe(
+        [topic],
+        on_assign=lambda c, tps: events.append("assigned"),
+        on_revoke=lambda c, tps: events.append("revoked"),
+        on_lost=lambda c, tps: events.append("lost"),
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while "assigned" not in events and time.monotonic() < deadline:
+            consumer.poll(0.2)
+        assert events == ["assigned"]
+        time.sleep(1.5 * session.session_timeout_ms / 1000)  # the loop blocked: no poll
+        group = kafka_admin.describe_consumer_groups([f"{ns}-group"])[f"{ns}-group"].result()
+        assert [m.client_id for m in group.members] == [f"{ns}-member"]
+        assert [tp.partition for tp in group.members[0].assignment.topic_partitions] == [0]
+        consumer.poll(1.0)
+        assert events == ["assigned"]  # neither revoked nor lost
+    finally:
+        consumer.close()

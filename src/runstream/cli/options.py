@@ -229,6 +229,7 @@ ENGINE_FIELDS = (
     "step_concurrency",
     "transaction_timeout_ms",
     "session_timeout_ms",
+    "heartbeat_interval_ms",
     "standbys",
     "leave_on_stop",
     "stop_timeout",

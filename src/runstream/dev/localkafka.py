@@ -379,6 +379,8 @@ class LocalKafka:
             "share.coordinator.state.topic.min.isr": isr,
             # default 3000 ms delay before the first classic-group rebalance
             "group.initial.rebalance.delay.ms": "0",
+            # default 6000: tests, benchmarks and the demo may detect a dead instance sooner
+            "group.min.session.timeout.ms": "1000",
             # default 10 s; faster failover tests
             "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
             # fence a SIGKILLed node after 4 s, not 9 s; a restarted node cannot register

@@ -38,6 +38,7 @@ from runstream.engine.limits import Limits
 from runstream.engine.work import LogRecord
 from runstream.errors import (
     CommandNotDelivered,
+    ConfigError,
     KafkaFatal,
     KafkaUnavailable,
     PayloadTooLarge,
@@ -142,7 +143,7 @@ def _open_engine_log(
         instance_id,
         static=static,
         transaction_timeout_ms=s.transaction_timeout_ms,
-        session_timeout_ms=s.session_timeout_ms,
+        group_session=s.group_session(),
         watchdog=watchdog,
         limits=Limits(
             max_record,
@@ -231,7 +232,7 @@ def consume_ready(consumer: Consumer, timeout: float, limit: int = 500) -> list[
 
 def consume_records(consumer: Consumer, timeout: float, limit: int, what: str) -> list[LogRecord]:
     """`consume_ready`'s records; an error is logged (``what`` says whose), a fatal one
-    raised as KafkaFatal."""
+    raised as KafkaFatal, a session timeout the broker refuses as ConfigError."""
     records = []
     for msg in consume_ready(consumer, timeout, limit):
         err = msg.error()
@@ -239,6 +240,12 @@ def consume_records(consumer: Consumer, timeout: float, limit: int, what: str) -
             records.append(as_record(msg))
         elif err.fatal() or err.code() == KafkaError._FATAL:  # dead for good: end, restart
             raise KafkaFatal(f"{what}: {err}")
+        elif err.code() == KafkaError.INVALID_SESSION_TIMEOUT:  # it would never join
+            raise ConfigError(
+                f"{what}: the broker refuses the group session timeout (session_timeout_ms): "
+                "it must lie within the broker's group.min.session.timeout.ms (6000 by "
+                "default) and group.max.session.timeout.ms"
+            )
         else:
             log.warning("%s: %s", what, err)
     return records
@@ -265,7 +272,7 @@ class KafkaLog(Transactions):
         *,
         static: bool,
         transaction_timeout_ms: int,
-        session_timeout_ms: int,
+        group_session: Mapping[str, int],
         watchdog: Watchdog,
         limits: Limits,
         state_topic: str | None = None,
@@ -325,7 +332,7 @@ class KafkaLog(Transactions):
                 "isolation.level": "read_committed",
                 "auto.offset.reset": "earliest",
                 "partition.assignment.strategy": "cooperative-sticky",
-                "session.timeout.ms": session_timeout_ms,
+                **group_session,  # session timeout and heartbeat interval
                 "fetch.wait.max.ms": 50,
             }
         )

@@ -106,7 +106,7 @@ def _open(
         instance_id,
         static=bool(s.instance_id) and not s.leave_on_stop,
         transaction_timeout_ms=s.transaction_timeout_ms,
-        session_timeout_ms=s.session_timeout_ms,
+        group_session=s.group_session(),
         watchdog=watchdog,
         limits=Limits(max_record),
     )
@@ -133,7 +133,7 @@ class SourceLog(Transactions):
         *,
         static: bool,
         transaction_timeout_ms: int,
-        session_timeout_ms: int,
+        group_session: Mapping[str, int],
         watchdog: Watchdog,
         limits: Limits,
     ) -> None:
@@ -166,7 +166,7 @@ class SourceLog(Transactions):
                 "isolation.level": "read_committed",
                 "auto.offset.reset": "earliest",
                 "partition.assignment.strategy": "cooperative-sticky",
-                "session.timeout.ms": session_timeout_ms,
+                **group_session,  # session timeout and heartbeat interval
                 "fetch.wait.max.ms": 50,
             }
         )

@@ -89,7 +89,7 @@ def _open(
         partitions,
         worker_id,
         limits=Limits(max_record, blob_threshold=s.blob_threshold_bytes),
-        session_timeout_ms=s.session_timeout_ms,
+        group_session=s.group_session(),
     )
 
 
@@ -115,7 +115,7 @@ class TaskLog:
         worker_id: str,
         *,
         limits: Limits,
-        session_timeout_ms: int,
+        group_session: Mapping[str, int],
     ) -> None:
         self.topics, self.partitions, self.limits = topics, partitions, limits
         self.topic = topics.tasks(group)
@@ -132,7 +132,7 @@ class TaskLog:
                 "isolation.level": "read_committed",
                 "auto.offset.reset": "earliest",
                 "partition.assignment.strategy": "cooperative-sticky",
-                "session.timeout.ms": session_timeout_ms,
+                **group_session,  # session timeout and heartbeat interval
                 # The broker answers a waiting fetch as soon as a transaction's tasks turn
                 # visible; this only bounds the empty fetches of an idle worker.
                 "fetch.wait.max.ms": 100,
