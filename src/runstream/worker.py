@@ -361,9 +361,12 @@ class Worker:
         self._suspect.update(w.partition for w in b.runs.values())
         if self._decider is not None:
             self._decider.forget(b.runs)
-        for p, (first, _) in b.consumed.items():
-            if p in self._owned:
-                engine_log.seek(p, first)
+        first: dict[int, int] = {}  # every command taken, decided or not (an overrun)
+        for item in items:
+            if isinstance(item, LogRecord) and item.partition in self._owned:
+                first.setdefault(item.partition, item.offset)
+        for p, offset in first.items():
+            engine_log.seek(p, offset)
         self._steps.keep(started.values(), [o for o in decided if o.key in started])
         self._inbox.put_back(items, [o for o in decided if o.key not in started])
 

@@ -20,6 +20,7 @@ import runstream
 from runstream.audit import check_run
 from runstream.engine import payload
 from runstream.engine.partitioner import partition_for
+from runstream.engine.requests import Overrun
 from runstream.engine.rules import HANDLERS, Entry, Rules
 from runstream.runtime.inbox import IDLE_WAIT, JOINING_POLL
 from runstream.schemas.codec import Codec
@@ -472,4 +473,31 @@ def test_an_instance_owning_no_partition_polls_briefly_so_its_assignment_is_rest
     rig.turn()  # restored: idle, no timer, so the usual wait
     assert waits == [JOINING_POLL, JOINING_POLL, IDLE_WAIT]
     assert len(rig.worker._owned) == 4
+    rig.close()
+
+
+def test_a_batch_dropped_by_an_overrun_reads_again_the_commands_it_had_not_decided(
+    tmp_path, ns, monkeypatch
+):
+    """An activation overrun ends the deciding of a batch at any item: every command the
+    batch took is read again, those not decided yet too (not only the consumed ones)."""
+    cluster, bodies = Cluster(), Counter[str]()
+    rig = Rig(make_app(ns, bodies), cluster, tmp_path)
+    rig.log.assign([0, 1, 2, 3])
+    rig.turn()
+    for i in range(10):
+        start(cluster, ns, f"r{i}", "three", i * 10)
+    decider = rig.worker._decider
+    assert decider is not None
+    handle = decider.handle
+
+    def overrun_once(b: Any, item: Any) -> Any:
+        monkeypatch.setattr(decider, "handle", handle)
+        raise Overrun()
+
+    monkeypatch.setattr(decider, "handle", overrun_once)
+    rig.turn()
+    assert rig.worker.stats["aborted"] == 1 and not facts(cluster, ns)
+    rig.until(lambda: len(ended(cluster, ns)) == 10)
+    assert ended(cluster, ns) == {f"r{i}": i * 10 + 3 for i in range(10)}
     rig.close()
