@@ -225,3 +225,40 @@ def _client(ns: str, bootstrap: str) -> runstream.Client | None:
         return runstream.Client(ns, bootstrap)
     except runstream.RunstreamError:
         return None
+
+
+def test_the_command_consumer_never_hands_over_a_command_twice_after_an_offset_reset(
+    kafka_bootstrap, ns
+):
+    # An out-of-range fetch resets the command consumer to the partition's start
+    # (auto.offset.reset=earliest); the commands it had handed over before must not come
+    # again (a start of a purged run would run it again).
+    ensure_topics(kafka_bootstrap, ns, PARTITIONS)
+    commands = Producer(client_config(kafka_bootstrap))
+    for i in range(6):
+        commands.produce(f"{ns}.commands", f"command {i}".encode(), b"run", partition=0)
+    commands.flush(30)
+    log = _restorer_log(kafka_bootstrap, ns)
+    try:
+        log._consumer.assign([TopicPartition(f"{ns}.commands", 0, 0)])
+        log.committed([0])  # what a restore asks: nothing committed, the first offset
+        first = _poll_until(log, 6)
+        assert [r.offset for r in first] == list(range(6))
+        # the reset, done to the consumer as librdkafka does it (not through log.seek)
+        log._consumer.seek(TopicPartition(f"{ns}.commands", 0, 0))
+        commands.produce(f"{ns}.commands", b"command 6", b"run", partition=0)
+        commands.flush(30)
+        assert [r.offset for r in _poll_until(log, 1)] == [6]
+        log.seek(0, 4)  # the engine's own rewind (a batch redone) reads them again
+        assert [r.offset for r in _poll_until(log, 3)] == [4, 5, 6]
+    finally:
+        log.close()
+
+
+def _poll_until(log: Any, count: int, timeout: float = 30) -> list[Any]:
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < count and time.monotonic() < deadline:
+        out += log.poll(0.2, 100)
+    time.sleep(0.5)  # and nothing more comes
+    return out + log.poll(0.2, 100)

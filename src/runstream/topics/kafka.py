@@ -287,6 +287,11 @@ class KafkaLog(Transactions):
         self._journal_ends: dict[int, int] = {}
         self._sent: dict[int, int] = {}  # the command offsets of the open transaction
         self._acked: dict[int, int] = {}  # each partition's committed offset, as last known
+        # Each partition's next command offset the consumer may hand over: set by the
+        # restore (`committed`) and the engine's rewinds (`seek`), moved by each command
+        # handed over. An offset reset (an out-of-range fetch: earliest) reads the
+        # partition again from its start, and what was handed over must not come twice.
+        self._next: dict[int, int] = {}
         self.call_timeout = 30.0  # seconds a call to the coordinator waits (then: unknown)
         # The journal's evidence of each transaction (`topics.txn.evidence`): this life's
         # name, the last sequence number given, the open transaction's, and those of the
@@ -382,7 +387,18 @@ class KafkaLog(Transactions):
 
     # -- consuming -------------------------------------------------------------------
     def poll(self, timeout: float, limit: int) -> list[LogRecord]:
-        return consume_records(self._consumer, timeout, limit, "consumer")
+        records = consume_records(self._consumer, timeout, limit, "consumer")
+        nexts, fresh = self._next, []
+        for rec in records:
+            if rec.offset >= nexts.get(rec.partition, 0):
+                nexts[rec.partition] = rec.offset + 1
+                fresh.append(rec)
+        if len(fresh) < len(records):
+            log.warning(
+                "consumer: %d commands read again after an offset reset skipped",
+                len(records) - len(fresh),
+            )
+        return fresh
 
     def _tps(self, partitions: Iterable[int]) -> list[TopicPartition]:
         return [TopicPartition(self.topics.commands, p) for p in partitions]
@@ -395,6 +411,7 @@ class KafkaLog(Transactions):
 
     def seek(self, partition: int, offset: int) -> None:
         self._consumer.seek(TopicPartition(self.topics.commands, partition, offset))
+        self._next[partition] = offset
 
     def committed(self, partitions: Iterable[int]) -> dict[int, int]:
         """The next command offset of each partition (its first offset if none)."""
@@ -406,6 +423,7 @@ class KafkaLog(Transactions):
             lambda: self._committed(partitions),
         )
         self._acked.update(out)
+        self._next.update(out)
         return out
 
     def _asking(self, call: str, what: str, ask: Callable[[], T]) -> T:
