@@ -484,3 +484,39 @@ def test_a_sigkilled_worker_loses_no_task_and_reruns_only_uncommitted_ones(
     assert in_flight <= twice  # what ran at the kill ran again
     assert twice <= uncommitted  # nothing committed ran again
     assert set(runs) == set(tag_of) and max(runs.values()) <= 2
+
+
+def test_the_task_consumer_never_hands_a_task_over_twice_after_an_offset_reset(kafka_bootstrap, ns):
+    # An out-of-range fetch resets the task consumer to the partition's start
+    # (auto.offset.reset=earliest): a task handed over before must not run again.
+    from runstream.topics.spec import Topics
+    from runstream.topics.tasklog import open_task_log
+
+    ensure_topics(kafka_bootstrap, ns, PARTITIONS)
+    log = open_task_log(
+        Settings(bootstrap_servers=kafka_bootstrap), Topics(ns), "default", "w1", lambda: False
+    )
+    assert log is not None
+    tasks = Producer(client_config(kafka_bootstrap))
+    try:
+        for i in range(6):
+            tasks.produce(log.topic, f"task {i}".encode(), b"run", partition=0)
+        tasks.flush(30)
+        log.subscribe(lambda ps: None, lambda ps, lost: None)
+        first = _poll_tasks(log, 6)
+        assert [r.offset for r in first if r.partition == 0] == list(range(6))
+        log._consumer.seek(TopicPartition(log.topic, 0, 0))  # the reset, as librdkafka does
+        tasks.produce(log.topic, b"task 6", b"run", partition=0)
+        tasks.flush(30)
+        assert [r.offset for r in _poll_tasks(log, 1)] == [6]
+    finally:
+        log.close()
+
+
+def _poll_tasks(log: Any, count: int, timeout: float = 60) -> list[Any]:
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < count and time.monotonic() < deadline:
+        out += log.poll(0.2, 100)
+    time.sleep(0.5)  # and nothing more comes
+    return out + log.poll(0.2, 100)

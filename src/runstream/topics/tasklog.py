@@ -122,6 +122,11 @@ class TaskLog:
         self.blobs = KafkaBlobs(config, topics.blobs)  # a large output, before its result
         self._paused = False
         self._closed = False
+        # Each assigned partition's next offset, from the first task handed over: an
+        # offset reset (an out-of-range fetch: earliest) reads the partition again from
+        # its start, and a task handed over must not run twice. Forgotten when the
+        # partition comes or goes (its next owner may not have got as far).
+        self._next: dict[int, int] = {}
         self._fatal: str | None = None
         self._consumer = Consumer(
             {
@@ -161,6 +166,7 @@ class TaskLog:
         called from `poll` (and `close`) as partitions come and go."""
 
         def on_assign(consumer: Consumer, tps: list[TopicPartition]) -> None:
+            self._forget(tps)
             consumer.incremental_assign(tps)
             if self._paused:  # the new ones too: the worker holds all it may now
                 consumer.pause(tps)
@@ -169,14 +175,32 @@ class TaskLog:
         self._consumer.subscribe(
             [self.topic],
             on_assign=on_assign,
-            on_revoke=lambda c, tps: revoked([tp.partition for tp in tps], False),
-            on_lost=lambda c, tps: revoked([tp.partition for tp in tps], True),
+            on_revoke=lambda c, tps: revoked(self._forget(tps), False),
+            on_lost=lambda c, tps: revoked(self._forget(tps), True),
         )
+
+    def _forget(self, tps: list[TopicPartition]) -> list[int]:
+        partitions = [tp.partition for tp in tps]
+        for p in partitions:
+            self._next.pop(p, None)
+        return partitions
 
     # -- consuming -------------------------------------------------------------------
     def poll(self, timeout: float, limit: int) -> list[LogRecord]:
         """Up to ``limit`` task records: waits up to ``timeout`` for the first."""
-        return consume_records(self._consumer, timeout, limit, f"consuming {self.topic}")
+        records = consume_records(self._consumer, timeout, limit, f"consuming {self.topic}")
+        nexts, fresh = self._next, []
+        for rec in records:
+            if rec.offset >= nexts.get(rec.partition, 0):
+                nexts[rec.partition] = rec.offset + 1
+                fresh.append(rec)
+        if len(fresh) < len(records):
+            log.warning(
+                "%s: %d tasks read again after an offset reset skipped",
+                self.topic,
+                len(records) - len(fresh),
+            )
+        return fresh
 
     def pause(self) -> None:
         """Fetch nothing more until `resume` (the group session stays alive). librdkafka
