@@ -161,17 +161,29 @@ def test_a_restore_refused_out_of_range_for_a_moment_reads_on_from_where_it_was(
         log.close()
 
 
-class _RefusedOnce:
-    """The real restorer, whose first answer is an out-of-range refusal of partition 0 (the
-    error librdkafka gives with ``auto.offset.reset=error``)."""
+def test_a_restore_ignores_a_refusal_of_a_partition_it_is_not_reading(kafka_bootstrap, ns):
+    _journal_of_ten(kafka_bootstrap, ns)
+    log = _restorer_log(kafka_bootstrap, ns)
+    log._restorer = _RefusedOnce(log._restorer, partition=1)  # read to its end, or not at all
+    try:
+        read = [r.offset for r in log.read_journal({0: 2, 1: 0}, _never)]
+        assert read == list(range(2, 10))
+        assert log._restorer.refused == 1
+    finally:
+        log.close()
 
-    def __init__(self, consumer: Any) -> None:
-        self._consumer, self.refused = consumer, 0
+
+class _RefusedOnce:
+    """The real restorer, whose first answer is an out-of-range refusal of ``partition``
+    (the error librdkafka gives with ``auto.offset.reset=error``)."""
+
+    def __init__(self, consumer: Any, partition: int = 0) -> None:
+        self._consumer, self.refused, self._partition = consumer, 0, partition
 
     def poll(self, timeout: float) -> Any:
         if not self.refused:
             self.refused += 1
-            return _Refusal()
+            return _Refusal(self._partition)
         return self._consumer.poll(timeout)
 
     def __getattr__(self, name: str) -> Any:
@@ -179,11 +191,14 @@ class _RefusedOnce:
 
 
 class _Refusal:
+    def __init__(self, partition: int) -> None:
+        self._partition = partition
+
     def error(self) -> KafkaError:
         return KafkaError(KafkaError._AUTO_OFFSET_RESET, "fetch failed: offset out of range")
 
     def partition(self) -> int:
-        return 0
+        return self._partition
 
     def offset(self) -> int:
         return -1001

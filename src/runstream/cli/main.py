@@ -150,8 +150,19 @@ def cli(verbose: bool) -> None:
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    # Runstream says itself when Kafka cannot be reached; librdkafka's lines only with -v.
-    logging.getLogger(LOGGER_NAME).setLevel(logging.DEBUG if verbose else logging.CRITICAL)
+    # Runstream says itself when Kafka cannot be reached; librdkafka's lines only with -v,
+    # but for an offset reset (a consumer moved without reading), which only it can say.
+    kafka = logging.getLogger(LOGGER_NAME)
+    kafka.setLevel(logging.DEBUG if verbose else logging.WARNING)
+    if verbose:
+        kafka.removeFilter(_offset_resets_only)
+    elif _offset_resets_only not in kafka.filters:
+        kafka.addFilter(_offset_resets_only)
+
+
+def _offset_resets_only(record: logging.LogRecord) -> bool:
+    """librdkafka's log lines start with their facility: OFFSET for a reset."""
+    return record.getMessage().startswith("OFFSET")
 
 
 @cli.command()

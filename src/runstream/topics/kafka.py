@@ -543,7 +543,9 @@ class KafkaLog(Transactions):
                     elif err.code() == KafkaError._PARTITION_EOF:
                         if (msg.offset() or 0) >= ends[p]:  # past markers and aborted data
                             open_partitions.discard(p)
-                    elif err.code() == KafkaError._AUTO_OFFSET_RESET and p in open_partitions:
+                    elif err.code() == KafkaError._AUTO_OFFSET_RESET:
+                        if p not in open_partitions:  # read to its end already
+                            continue
                         refetches += 1
                         self._refetch(journal, p, next_at[p], refetches, err)
                         assign()
