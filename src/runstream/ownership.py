@@ -72,6 +72,7 @@ class Partitions:
         if self.standbys is not None:  # their stores are ours from here on
             self.standbys.claim(partitions)
         took = [time.monotonic()]  # when each phase ended, for the log line
+        engine_log.fence_abandoned(partitions)  # a dead owner's open transaction
         positions = engine_log.committed(partitions)
         ends = engine_log.end_offsets(partitions)
         took.append(time.monotonic())

@@ -145,6 +145,9 @@ class MemoryLog(Transactions):
     def seek(self, partition: int, offset: int) -> None:
         self.positions[partition] = offset
 
+    def fence_abandoned(self, partitions: list[int]) -> None:
+        pass  # a transaction here never outlives its writer's call
+
     def committed(self, partitions: list[int]) -> dict[int, int]:
         return {p: self.cluster.committed.get(p, 0) for p in partitions}
 

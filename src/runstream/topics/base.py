@@ -55,6 +55,11 @@ class EngineLog(Protocol):
 
     def seek(self, partition: int, offset: int) -> None: ...
 
+    def fence_abandoned(self, partitions: list[int]) -> None:
+        """Abort what open transactions of instances gone from the group hold of these
+        journal partitions, so that a takeover need not wait for their timeout."""
+        ...
+
     def committed(self, partitions: list[int]) -> dict[int, int]: ...
 
     def end_offsets(self, partitions: list[int]) -> dict[int, int]:

@@ -59,6 +59,7 @@ from runstream.topics.admin import (
 )
 from runstream.topics.base import Ownership
 from runstream.topics.blobstore import blobs_topic_ready
+from runstream.topics.fencing import fence_abandoned
 from runstream.topics.logs import last_error
 from runstream.topics.spec import Topics
 from runstream.topics.txn import Action, Transactions, classify, evidence
@@ -284,6 +285,7 @@ class KafkaLog(Transactions):
         ns = topics.ns
         self.config = config  # for the instance's other readers (`runstream.standby`)
         self.group_id, self.client_id = f"{ns}.engine", f"{ns}.engine.{instance_id}"
+        self._instance_id = instance_id
         self._journal_ends: dict[int, int] = {}
         self._sent: dict[int, int] = {}  # the command offsets of the open transaction
         self._acked: dict[int, int] = {}  # each partition's committed offset, as last known
@@ -412,6 +414,14 @@ class KafkaLog(Transactions):
     def seek(self, partition: int, offset: int) -> None:
         self._consumer.seek(TopicPartition(self.topics.commands, partition, offset))
         self._next[partition] = offset
+
+    def fence_abandoned(self, partitions: Collection[int]) -> None:
+        """Abort the open transactions of instances gone from the group that hold these
+        journal partitions (`topics.fencing`): a takeover need not wait them out."""
+        with self.watchdog.watch("fencing abandoned transactions", 75, DRAIN_GRACE):
+            fence_abandoned(
+                self._config, self.topics.ns, self.topics.journal, partitions, self._instance_id
+            )
 
     def committed(self, partitions: Iterable[int]) -> dict[int, int]:
         """The next command offset of each partition (its first offset if none)."""
