@@ -224,6 +224,17 @@ def as_record(msg: Message) -> LogRecord:
     )
 
 
+def known_ends(topic: str, ends: dict[int, int]) -> dict[int, int]:
+    """``ends`` if Kafka gave every partition's end offset; a negative one (no answer for
+    it: a leader killed while asked) raises a transient error, to be asked again. Taken
+    as an end, it made a restore read nothing and skip a predecessor's committed facts."""
+    missing = sorted(p for p, o in ends.items() if o < 0)
+    if missing:
+        why = f"{topic}: no end offset for partitions {missing} (a leader moving?)"
+        raise KafkaException(KafkaError(KafkaError.LEADER_NOT_AVAILABLE, why, retriable=True))
+    return ends
+
+
 def consume_ready(consumer: Consumer, timeout: float, limit: int = 500) -> list[Message]:
     """Wait up to ``timeout`` for one message, then take what else is already there.
     (``consume(n, timeout)`` alone would wait the whole timeout for n messages.)"""
@@ -604,7 +615,9 @@ class KafkaLog(Transactions):
         futures = admin.list_offsets(
             asked, isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=30
         )
-        return {tp.partition: int(f.result().offset) for tp, f in futures.items()}
+        return known_ends(
+            topic, {tp.partition: int(f.result().offset) for tp, f in futures.items()}
+        )
 
     # -- the transactional writer (what its errors mean: `topics.txn`) -----------------
     @property
