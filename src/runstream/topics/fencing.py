@@ -29,7 +29,9 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from runstream.errors import RunstreamError
 from runstream.topics.admin import Config
+from runstream.topics.groups import assignments
 from runstream.topics.txn import WRITER
 
 __all__ = ["abandoned", "fence_abandoned", "instance_of", "transactional_ids"]
@@ -74,7 +76,7 @@ def fence_abandoned(
         writers = _open_transaction_writers(config, journal, partitions, timeout)
         if not writers:
             return set()
-        members = _members(config, f"{ns}.engine", timeout)
+        members = assignments(config, f"{ns}.engine", journal, timeout)  # by client id
         dead = abandoned(writers.values(), members, ns, own)
         for instance in sorted(dead):
             for tid in transactional_ids(ns, instance):
@@ -83,15 +85,9 @@ def fence_abandoned(
             held = sorted(p for p, w in writers.items() if instance_of(w) in dead)
             log.info("fenced %s: their open transactions held journal %s", sorted(dead), held)
         return dead
-    except KafkaException as exc:
-        log.warning("fencing abandoned transactions: %s; waiting them out", exc.args[0])
+    except (KafkaException, RunstreamError) as exc:
+        log.warning("fencing abandoned transactions: %s; waiting them out", exc)
         return set()
-
-
-def _members(config: Config, group_id: str, timeout: float) -> set[str]:
-    admin = AdminClient(dict(config))
-    [future] = admin.describe_consumer_groups([group_id], request_timeout=timeout).values()
-    return {m.client_id for m in future.result().members}
 
 
 def _open_transaction_writers(
