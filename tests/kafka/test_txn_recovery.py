@@ -7,6 +7,8 @@ the batch: ``tests/component/test_txn_errors.py``.)"""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
@@ -127,9 +129,9 @@ def test_after_a_recreation_a_commit_that_landed_is_known_as_such(
 
 
 class FailsOnce:
-    """The log's real consumer, whose next ``committed`` and ``get_watermark_offsets``
-    fail once with ``code``, as they do while a coordinator or a leader moves (a broker
-    paused: seen in the chaos suite)."""
+    """The log's real consumer (or any object), whose next ``committed``,
+    ``get_watermark_offsets`` and ``_list_ends`` fail once with ``code``, as they do while
+    a coordinator or a leader moves (a broker paused: seen in the chaos suite)."""
 
     def __init__(self, consumer: object, code: int) -> None:
         self._consumer, self.code, self.failed = consumer, code, set[str]()
@@ -146,6 +148,10 @@ class FailsOnce:
     def get_watermark_offsets(self, *args: object, **kw: object) -> object:
         self._once("get_watermark_offsets")
         return self._consumer.get_watermark_offsets(*args, **kw)  # type: ignore[attr-defined]
+
+    def _list_ends(self, *args: object, **kw: object) -> object:
+        self._once("list_offsets")
+        return self._consumer._list_ends(*args, **kw)  # type: ignore[attr-defined]
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._consumer, name)
@@ -169,9 +175,12 @@ def test_reading_offsets_asks_again_while_a_coordinator_or_leader_moves(kafka_bo
     try:
         assert poll_commands(log) == [0, 1, 2]
         log._consumer = FailsOnce(log._consumer, code)  # type: ignore[assignment]
+        ends = FailsOnce(SimpleNamespace(_list_ends=log._list_ends), code)
+        log._list_ends = ends._list_ends  # type: ignore[method-assign]
         log._rewind()
         assert log.end_offsets([0]) == {0: 3}
         assert log._consumer.failed == {"committed", "get_watermark_offsets"}  # type: ignore[attr-defined]
+        assert ends.failed == {"list_offsets"}
         assert poll_commands(log) == [0, 1, 2]  # rewound to the group's offset: nothing taken
     finally:
         log.close()

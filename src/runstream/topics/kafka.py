@@ -475,13 +475,14 @@ class KafkaLog(Transactions):
         return out
 
     def end_offsets(self, partitions: Iterable[int]) -> dict[int, int]:
-        def ask() -> dict[int, int]:
-            return {
-                tp.partition: int(self._consumer.get_watermark_offsets(tp, timeout=15)[1])
-                for tp in self._tps(partitions)
-            }
-
-        return self._asking("get_watermark_offsets", "reading the commands' end offsets", ask)
+        # One request for them all (the consumer's watermarks ask once per partition: a
+        # round trip each, most of a standby's takeover), read_committed as it reads.
+        asked = list(partitions)
+        return self._asking(
+            "list_offsets",
+            "reading the commands' end offsets",
+            lambda: self._list_ends(self.topics.commands, asked, IsolationLevel.READ_COMMITTED),
+        )
 
     def lag(self, positions: Mapping[int, int]) -> dict[int, int]:
         out = {}
@@ -607,14 +608,18 @@ class KafkaLog(Transactions):
     def _high_watermarks(self, topic: str, partitions: list[int]) -> dict[int, int]:
         """Each partition's high watermark, past every record written, committed or not (a
         read_committed consumer's watermarks stop at the last stable offset)."""
+        return self._list_ends(topic, partitions, IsolationLevel.READ_UNCOMMITTED)
+
+    def _list_ends(
+        self, topic: str, partitions: list[int], level: IsolationLevel
+    ) -> dict[int, int]:
+        """Each partition's end offset as a consumer at ``level`` sees it, in one request."""
         # A new client per call: one kept across a broker's restart asks with stale
         # metadata and is refused (FENCED_LEADER_EPOCH), as the chaos test found.
         admin = AdminClient(dict(self._config))
         latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
         asked = {TopicPartition(topic, p): latest for p in partitions}
-        futures = admin.list_offsets(
-            asked, isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=30
-        )
+        futures = admin.list_offsets(asked, isolation_level=level, request_timeout=30)
         return known_ends(
             topic, {tp.partition: int(f.result().offset) for tp, f in futures.items()}
         )
