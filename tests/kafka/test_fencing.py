@@ -108,3 +108,28 @@ def test_an_open_transaction_of_an_instance_still_in_the_group_is_not_fenced(kaf
             writers["gone"].commit_transaction(30)
     finally:
         member.close()
+
+
+def test_every_dead_writer_is_found_however_many_records_one_of_them_left(kafka_bootstrap, ns):
+    """The look at each partition's oldest open transaction stopped after ten records
+    in all: one dead instance's busy partition used them up and the other's transaction,
+    on another partition, was waited out."""
+    ensure_topics(kafka_bootstrap, ns, PARTITIONS)
+    config = client_config(kafka_bootstrap)
+    writers = {}
+    for p, (instance, records) in enumerate((("busy", 50), ("quiet", 1))):
+        writer = Producer({**config, "transactional.id": f"{ns}.engine.{instance}"})
+        writer.init_transactions(30)
+        writer.begin_transaction()
+        headers = evidence(f"{instance}.0badc0de", 1, [p], [])
+        for _ in range(records):
+            writer.produce(f"{ns}.journal", b"fact", b"run", partition=p, headers=headers)
+        writer.flush(30)
+        writers[instance] = writer
+
+    fenced = fence_abandoned(config, ns, f"{ns}.journal", [0, 1, 2], own="me")
+
+    assert fenced == {"busy", "quiet"}
+    for writer in writers.values():
+        with pytest.raises(KafkaException):
+            writer.commit_transaction(30)

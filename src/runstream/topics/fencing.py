@@ -17,6 +17,7 @@ too: it ends ("fenced") and its supervisor starts it again; nothing committed is
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Collection
 
 from confluent_kafka import (
@@ -115,23 +116,22 @@ def _open_transaction_writers(
         }
     )
     writers: dict[int, str] = {}
+    pending, deadline = dict(held), time.monotonic() + timeout
     try:
         peek.assign([TopicPartition(journal, p, o) for p, o in held.items()])
-        for _ in range(int(timeout / 0.5)):
-            msg = peek.poll(0.5)
-            if msg is None:
+        while pending and (left := deadline - time.monotonic()) > 0:
+            msg = peek.poll(min(0.5, left))
+            if msg is None or (p := msg.partition() or 0) not in pending:
                 continue
             err = msg.error()
             if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    continue
-                raise KafkaException(err)
-            p = msg.partition() or 0
-            if p in held and p not in writers and (msg.offset() or 0) >= held[p]:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(err)
+                del pending[p]  # at its end with no record: decided meanwhile
+            else:  # its first record from there: the oldest open transaction's
+                del pending[p]
                 header = dict(msg.headers() or ()).get(WRITER)
                 writers[p] = header.decode() if isinstance(header, bytes) else ""
-                if len(writers) == len(held):
-                    break
     finally:
         peek.close()
     return {p: w for p, w in writers.items() if w}
