@@ -7,7 +7,6 @@ Kafka assigns and revokes partitions inside ``poll()``; an assigned partition is
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -17,10 +16,10 @@ from pathlib import Path
 
 from runstream.engine.state import State, beats_of
 from runstream.engine.work import Batch, LogRecord, StepOutcome, Work
-from runstream.projections.store import PartitionStore, catch_up
+from runstream.projections.store import PartitionStore, catch_up, close_all
 from runstream.schemas.codec import Codec
 from runstream.snapshots import restore_snapshots
-from runstream.standby import Standbys
+from runstream.standby import Handover, Standbys
 from runstream.topics.base import EngineLog
 from runstream.topics.outbox import Committed
 
@@ -69,8 +68,9 @@ class Partitions:
             return {}
         started, partitions = time.monotonic(), sorted(self._to_restore)
         self._to_restore = []
+        handed: dict[int, Handover] = {}  # what the standby thread knew of its copies
         if self.standbys is not None:  # their stores are ours from here on
-            self.standbys.claim(partitions)
+            handed = self.standbys.claim(partitions)
         took = [time.monotonic()]  # when each phase ended, for the log line
         engine_log.fence_abandoned(partitions)  # a dead owner's open transaction
         positions = engine_log.committed(partitions)
@@ -88,19 +88,24 @@ class Partitions:
             restore_snapshots({p: stores[p] for p in empty}, engine_log, stopping)
         took.append(time.monotonic())
         # A standby's copy tracked no changes: the journal from the owner's last snapshot
-        # marker it saw tells which runs the next snapshot must hold (`retrack`).
+        # marker it saw tells which runs the next snapshot must hold (`retrack`). The
+        # standby thread counted them as it tailed, and knows how far it read (past
+        # markers): without its handover, read that part of the journal again.
         marks = {p: m[0] for p, s in stores.items() if (m := s.standby_mark()) is not None}
         offsets = {
-            p: min(s.journal_offset, marks.get(p) or s.journal_offset) for p, s in stores.items()
+            p: handed[p].read_to
+            if p in handed
+            else min(s.journal_offset, marks.get(p) or s.journal_offset)
+            for p, s in stores.items()
         }
-        since: dict[int, dict[str, int]] = {p: {} for p in marks}
+        since = {p: dict(handed[p].runs) if p in handed else {} for p in marks}
         # What this instance's last life left here (its producers' transactions `start`
         # settled) or a finished restore read back: the journal up to it is decided.
         decided = [p for p in stores if p not in empty and p not in marks]
         journal = _counting(engine_log.read_journal(offsets, stopping, decided), since, stores)
         facts = catch_up(stores, journal)
         if stopping():
-            _close([*stores.values()])
+            close_all([*stores.values()])
             if self.standbys is not None:
                 self.standbys.unclaim(partitions)
             return {}
@@ -113,11 +118,12 @@ class Partitions:
         phases = [b - a for a, b in zip([started, *took], took, strict=False)]
         log.info(
             "partitions %s restored: %d facts in %.2fs (claim %.2fs, offsets %.2fs, stores "
-            "%.2fs, journal %.2fs)",
+            "%.2fs, journal %.2fs)%s",
             partitions,
             facts,
             time.monotonic() - started,
             *phases,
+            f"; the standby handed over {sorted(handed)}" if handed else "",
         )
         return stores
 
@@ -134,7 +140,7 @@ class Partitions:
                 closing.append(owned.store)
             if p in self._to_restore:
                 self._to_restore.remove(p)
-        _close(closing)
+        close_all(closing)
         self.leaving -= set(partitions)
         if self.standbys is not None:
             self.standbys.unclaim(partitions)
@@ -198,11 +204,3 @@ def _counting(
             counts[run_id] = counts.get(run_id, 0) + 1
         if rec.offset >= stores[rec.partition].journal_offset:
             yield rec
-
-
-def _close(stores: list[PartitionStore]) -> None:
-    """Close ``stores`` in parallel (RocksDB flushes each), then free their handles once."""
-    if stores:
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda s: s.close(collect=False), stores))
-        gc.collect()  # rocksdict keeps a LOCK while any handle object is alive

@@ -18,7 +18,9 @@ everything it tails). It also tails ``<ns>.state``: each owner snapshot's marker
 journal offset the owner's snapshot covers) is recorded in the copy, so its next owner
 knows which runs its first snapshot must hold (`PartitionStore.retrack`), and the runs
 the owner purged (finished_retention: their heads' tombstones) are purged from the copy
-once it reached that snapshot's journal offset.
+once it reached that snapshot's journal offset. Which runs the journal changed since that
+marker the thread counts as it tails (`ChangeWindow`, in memory) and hands to the owner
+with the claim: the takeover need not read those records again.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from runstream.engine.state import RunState
 from runstream.engine.work import LogRecord
@@ -40,7 +43,7 @@ from runstream.projections.snapshot import (
     decode_marker,
     head_of,
 )
-from runstream.projections.store import PartitionStore, catch_up
+from runstream.projections.store import PartitionStore, catch_up, close_all
 from runstream.schemas.codec import Codec
 from runstream.topics.admin import Config
 from runstream.topics.catchup import PartitionReader
@@ -53,18 +56,88 @@ log = logging.getLogger("runstream.standby")
 PLACEMENT_EVERY = 2.0
 #: How often the owners' snapshots are read (seconds).
 SNAPSHOTS_EVERY = 0.5
+#: Runs counted per copy's window at most (an owner whose snapshots stall would grow it):
+#: past it the window starts again, and a takeover reads the journal as before.
+WINDOW_RUNS = 100_000
 
 
-def placement(held: Mapping[str, Iterable[int]], me: str, replicas: int) -> set[int]:
+class Handover(NamedTuple):
+    """What a standby copy's thread knows that its next owner would read the journal for."""
+
+    runs: dict[str, int]  # each run's records since the owner's last marker (or more)
+    read_to: int  # every committed journal record below this offset is in the copy
+
+
+class ChangeWindow:
+    """How many journal records each run has in a standby copy from its owner's last
+    snapshot marker on (what `PartitionStore.retrack` needs at a takeover), and how far
+    the copy has read.
+
+    Counted in segments, one per `cut`; a marker drops the segments wholly before it and
+    keeps the one it falls in, so the counts may cover a few records before the marker
+    (the next snapshot then writes again chunks it holds: harmless), never fewer."""
+
+    def __init__(self, start: int) -> None:
+        self.next = start  # the offset after the last record counted
+        self.read_to = start  # past commit markers and aborted records too (their EOF)
+        self._segments: list[tuple[int, dict[str, int]]] = [(start, {})]
+
+    @property
+    def start(self) -> int:
+        """Every record from this offset on is counted."""
+        return self._segments[0][0]
+
+    def add(self, offset: int, key: bytes | None) -> None:
+        if key is not None:  # as the journal's re-read counts (`ownership._counting`)
+            counts = self._segments[-1][1]
+            run_id = key.decode(errors="replace")
+            counts[run_id] = counts.get(run_id, 0) + 1
+        self.next = offset + 1
+        self.read_to = max(self.read_to, self.next)
+
+    def reached(self, offset: int) -> None:
+        """The copy's reader is at ``offset``: every committed record before it applied
+        (a read_committed end stops at the first undecided transaction)."""
+        self.read_to = max(self.read_to, offset)
+
+    def cut(self, marker: int) -> None:
+        """The owner's last marker seen is ``marker``: drop what lies before it, and
+        begin a new segment."""
+        segments = self._segments
+        while len(segments) > 1 and segments[1][0] <= marker:
+            segments.pop(0)
+        if segments[-1][1]:
+            segments.append((self.next, {}))
+        if sum(len(counts) for _, counts in segments) > WINDOW_RUNS:
+            self._segments = [(self.next, {})]
+
+    def handover(self, marker: int, end: int) -> Handover | None:
+        """Each run's records from ``marker`` to the copy's ``end`` (at least), or None
+        if this window does not cover them."""
+        if marker <= 0 or self.start > marker or self.next != end:
+            return None
+        out: dict[str, int] = {}
+        for _, counts in self._segments:
+            for run_id, n in counts.items():
+                out[run_id] = out.get(run_id, 0) + n
+        return Handover(out, self.read_to)
+
+
+def placement(
+    held: Mapping[str, Iterable[int]], me: str, replicas: int, copies: Iterable[int] = ()
+) -> set[int]:
     """The partitions ``me`` keeps warm: those whose owner is among the ``replicas``
     members before ``me`` in client-id order (so each partition has up to ``replicas``
-    standbys, on different members, none of them its owner)."""
+    standbys, on different members, none of them its owner); and of its ``copies`` (open
+    now) those no other member owns: their owner died, and the takeover claims them."""
+    others = {p for member, ps in held.items() if member != me for p in ps}
+    kept = set(copies) - others
     members = sorted(held)
     if me not in members or replicas <= 0:
-        return set()
+        return kept
     i, n = members.index(me), len(members)
     owners = {members[(i - k) % n] for k in range(1, min(replicas, n - 1) + 1)}
-    return {p for owner in owners for p in held[owner]}
+    return {p for owner in owners for p in held[owner]} | kept
 
 
 class Standbys:
@@ -98,6 +171,8 @@ class Standbys:
         self._claimed: set[int] = set()  # the owner path's: never opened here
         self._held: set[int] = set()  # open here now
         self._wanted: set[int] = set()
+        self._windows: dict[int, ChangeWindow] = {}  # of the copies open here
+        self._handed: dict[int, Handover] = {}  # of the copies a claim closed
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="runstream-standby", daemon=True)
         self.applied = 0  # facts applied since the start (for logs and tests)
@@ -129,20 +204,25 @@ class Standbys:
             self._lock.notify_all()
         self._thread.join(timeout=30)
 
-    def claim(self, partitions: Iterable[int], timeout: float = 10.0) -> None:
+    def claim(self, partitions: Iterable[int], timeout: float = 10.0) -> dict[int, Handover]:
         """The owner path takes ``partitions``: return once no standby store of theirs is
-        open (at most ``timeout`` seconds; a thread that hangs on Kafka closes them after)."""
+        open (at most ``timeout`` seconds; a thread that hangs on Kafka closes them after),
+        with what the thread knows of each copy whose window covers it (`Handover`)."""
         wanted = set(partitions)
         with self._lock:
             self._claimed |= wanted
             self._lock.notify_all()
             if not self._lock.wait_for(lambda: not (self._held & wanted), timeout):
                 raise RuntimeError(f"standby stores of partitions {sorted(wanted)} stayed open")
+            return {p: self._handed.pop(p) for p in wanted if p in self._handed}
 
     def unclaim(self, partitions: Iterable[int]) -> None:
         """The owner path closed ``partitions``: they may be kept warm again."""
+        ps = set(partitions)
         with self._lock:
-            self._claimed -= set(partitions)
+            self._claimed -= ps
+            for p in ps:
+                self._handed.pop(p, None)
             self._lock.notify_all()
 
     # -- the thread ------------------------------------------------------------------
@@ -167,7 +247,7 @@ class Standbys:
             with self._lock:
                 for store in stores.values():
                     store.close()
-                self._held = set()
+                self._held, self._windows = set(), {}
                 self._lock.notify_all()
             reader.close()
 
@@ -224,18 +304,28 @@ class Standbys:
         or a new placement."""
         asked = read_at = time.monotonic()
         start = {p: s.journal_offset for p, s in stores.items()}
+        windows = self._windows
+        for p, offset in start.items():
+            if p not in windows or windows[p].next != offset:
+                windows[p] = ChangeWindow(offset)
         owners = OwnerSnapshots(self._config, self._state, stores)
         try:
-            for records, _ in reader.read(start, follow=True, wait=0.1):
-                if records:
-                    with self._lock:  # a claim waits for this batch, then finds them closed
+            for records, positions in reader.read(start, follow=True, wait=0.1):
+                with self._lock:  # a claim waits for this batch, then finds them closed
+                    if records:
                         self.applied += catch_up(
                             {p: stores[p] for p in {r.partition for r in records}}, records
                         )
+                    for rec in records:
+                        windows[rec.partition].add(rec.offset, rec.key)
+                    for p, offset in positions.items():
+                        windows[p].reached(offset)
                 if time.monotonic() - read_at > SNAPSHOTS_EVERY:
                     owners.poll()
                     with self._lock:
                         self.purged += owners.apply(stores)
+                        for p, store in stores.items():
+                            windows[p].cut((store.standby_mark() or (0, 0))[0])
                     read_at = time.monotonic()
                 with self._lock:
                     claimed = bool(self._claimed & set(stores))
@@ -254,7 +344,7 @@ class Standbys:
         except Exception as exc:  # the coordinator may be moving: keep the placement we had
             log.debug("standby placement not known: %s", exc)
             return self._wanted
-        return placement(held, self._me, self._replicas)
+        return placement(held, self._me, self._replicas, self._held)
 
     def _reconcile(self, stores: dict[int, PartitionStore]) -> None:
         """Open and close stores to match the placement minus the claimed partitions."""
@@ -262,7 +352,13 @@ class Standbys:
             wanted = self._wanted - self._claimed
             drop, add = set(stores) - wanted, wanted - set(stores)
             for p in drop:
-                stores.pop(p).close()
+                window, mark = self._windows.pop(p, None), stores[p].standby_mark()
+                self._handed.pop(p, None)
+                if p in self._claimed and window is not None and mark is not None:
+                    handover = window.handover(mark[0], stores[p].journal_offset)
+                    if handover is not None:
+                        self._handed[p] = handover
+            close_all([stores.pop(p) for p in drop])
             for p in sorted(add):
                 stores[p] = PartitionStore(self._state_dir / f"p{p}", self._codec, standby=True)
             self._held = set(stores)

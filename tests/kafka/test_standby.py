@@ -230,6 +230,12 @@ def test_after_a_takeover_from_a_standby_the_snapshots_hold_what_the_old_owner_n
             return True
 
         wait_for(snapshots_match, timeout=60, what="w2's snapshots to hold every run")
+        # the runs changed since w1's marker came from the standby's counts, not a re-read
+        handed = re.findall(
+            r"the standby handed over \[([\d, ]+)\]",
+            (tmp_path / "w2.log").read_text(),
+        )
+        assert handed and set(theirs) <= {int(p) for p in handed[-1].split(",")}
         for run_id in late_there:  # and the runs go on
             client.signal(run_id, "approve", "ann")
         approved = {"approved": True, "by": "ann"}

@@ -34,3 +34,15 @@ def test_a_member_alone_or_unknown_or_without_replicas_keeps_nothing():
     assert placement({"ns.engine.a": [0, 1, 2]}, "ns.engine.a", 1) == set()
     assert placement(HELD, "ns.engine.z", 1) == set()
     assert placement(HELD, "ns.engine.a", 0) == set()
+
+
+def test_a_copy_no_other_member_owns_is_kept_until_the_takeover_claims_it():
+    """When the owner dies the group stops listing it before the survivor owns its
+    partitions: dropping the copies then lost the standby's counts, and its takeover read
+    the journal again."""
+    copies = {0, 1}
+    assert placement({"ns.engine.b": [2, 3]}, "ns.engine.b", 1, copies) == {0, 1}  # unowned
+    assert placement({"ns.engine.b": [0, 1, 2, 3]}, "ns.engine.b", 1, copies) == {0, 1}  # mine
+    assert placement({}, "ns.engine.b", 1, copies) == {0, 1}  # the group mid-rebalance
+    owned_by_c = {"ns.engine.a": [4, 5], "ns.engine.b": [2, 3], "ns.engine.c": [0, 1]}
+    assert placement(owned_by_c, "ns.engine.b", 1, copies) == {4, 5}  # another's now: let go
