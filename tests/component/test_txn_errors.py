@@ -74,6 +74,19 @@ def test_an_abortable_error_before_the_commit_aborts_rewinds_and_redoes_the_batc
     rig.close()
 
 
+def test_a_record_refused_in_the_transactions_state_aborts_and_redoes_the_batch(tmp_path, ns):
+    """librdkafka refused a record (``_STATE``) to an engine woken from a freeze (seen in
+    the CI's frozen-instance test): it ended the instance, where an abort and a redo do
+    (a fenced producer then fails the abort, and ends it as fenced)."""
+    rig, cluster, bodies = rig_with_starts(tmp_path, ns)
+    rig.log.fail("produce", KafkaError(KafkaError._STATE))
+    rig.turn()
+    assert rig.log.aborts == 1 and rig.log.recreations == 0
+    assert not facts(cluster, ns)
+    run_all(rig, cluster, ns, bodies)
+    rig.close()
+
+
 def test_a_commit_timeout_recreates_the_producer_and_never_aborts(tmp_path, ns):
     rig, cluster, bodies = rig_with_starts(tmp_path, ns)
     rig.log.fail("commit_transaction", TIMED_OUT)

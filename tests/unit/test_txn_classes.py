@@ -35,6 +35,9 @@ STATE = KafkaError(KafkaError._STATE)  # none of the flags
         # abortable before the commit was sent
         ("send_offsets_to_transaction", ABORTABLE, Action.ABORT),
         ("produce", ABORTABLE, Action.ABORT),
+        # a record refused in the transaction's state (librdkafka's _STATE, seen on an
+        # engine woken from a freeze): abort; a fenced producer fails the abort
+        ("produce", STATE, Action.ABORT),
         # retriable, with a known outcome
         ("commit_transaction", CONCURRENT, Action.RETRY),
         ("send_offsets_to_transaction", CONCURRENT, Action.RETRY),

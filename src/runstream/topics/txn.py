@@ -16,7 +16,9 @@ an error's class also depends on the call that raised it:
   same transactional id, whose ``init_transactions`` waits for the open transaction to
   end and fences anything of it still in flight. Never an abort.
 - `Action.ABORT`: a definite abortable error before the commit was sent (from
-  ``produce`` or ``send_offsets_to_transaction``): abort.
+  ``produce`` or ``send_offsets_to_transaction``), or a record refused in the
+  transaction's state (``_STATE``): abort. A producer fenced meanwhile fails the abort,
+  fatally.
 - `Action.RETRY`: any other retriable error: the same call again.
 
 After an abort or a recreation the consumer is rewound to the group's committed offsets
@@ -77,6 +79,12 @@ def classify(call: str, err: KafkaError) -> Action:
     if err.retriable():
         return Action.RETRY
     if err.txn_requires_abort():
+        return Action.ABORT
+    if call == "produce" and err.code() == KafkaError._STATE:
+        # A record refused in the transaction's state: seen on an engine woken from a
+        # freeze longer than its session, cause not pinned down. Abort and redo; a
+        # producer fenced meanwhile fails the abort (fatal), one in no state to abort
+        # is recreated.
         return Action.ABORT
     return Action.FATAL
 
