@@ -431,7 +431,12 @@ class KafkaLog(Transactions):
         journal partitions (`topics.fencing`): a takeover need not wait them out."""
         with self.watchdog.watch("fencing abandoned transactions", 75, DRAIN_GRACE):
             fence_abandoned(
-                self._config, self.topics.ns, self.topics.journal, partitions, self._instance_id
+                self._config,
+                self.topics.ns,
+                self.topics.journal,
+                self.topics.commands,
+                partitions,
+                self._instance_id,
             )
 
     def committed(self, partitions: Iterable[int]) -> dict[int, int]:
@@ -680,7 +685,10 @@ class KafkaLog(Transactions):
     def send_offsets(self, offsets: Mapping[int, int]) -> None:
         """Commit these next command offsets with the transaction (KIP-447 fencing)."""
         self._sent = dict(offsets)
-        tps = [TopicPartition(self.topics.commands, p, o) for p, o in offsets.items()]
+        # The metadata names the writer: a takeover that finds these offsets held by an
+        # open transaction knows whom to fence (`topics.fencing`).
+        commands, writer = self.topics.commands, self._writer
+        tps = [TopicPartition(commands, p, o, metadata=writer) for p, o in offsets.items()]
         metadata = self._consumer.consumer_group_metadata()
         self._transact(
             "send_offsets_to_transaction",
