@@ -445,7 +445,10 @@ class KafkaLog(Transactions):
         # (KIP-447): only then is the journal's end final.
         out = self._asking(
             "committed",
-            "reading the group's committed offsets",
+            # A time-out here is as often an open transaction of an instance that is not
+            # fenced (alive, or gone before its first commit) as an unreachable broker.
+            "reading the group's committed offsets (an open transaction holding them "
+            "delays them until it ends)",
             lambda: self._committed(partitions),
         )
         self._acked.update(out)
