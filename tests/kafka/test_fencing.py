@@ -146,16 +146,26 @@ def test_an_open_transaction_of_an_instance_still_in_the_group_is_not_fenced(kaf
     writers = {}
     try:
         wait_for(lambda: member.poll(0.2) is None and member.assignment(), what="joining")
+        group = member.consumer_group_metadata()
         for p, instance in enumerate(("alive", "gone")):
             writer = Producer({**config, "transactional.id": f"{ns}.engine.{instance}"})
             writer.init_transactions(30)
+            # Each holds journal partition p with a record, and command partition p + 2
+            # with offsets only (its last commit's metadata names it).
+            offsets = [TopicPartition(f"{ns}.commands", p + 2, 0, metadata=f"{instance}.0")]
+            writer.begin_transaction()
+            writer.send_offsets_to_transaction(offsets, group, 30)
+            writer.commit_transaction(30)
             writer.begin_transaction()
             headers = evidence(f"{instance}.0badc0de", 1, [p], [])
             writer.produce(f"{ns}.journal", b"fact", b"run", partition=p, headers=headers)
+            writer.send_offsets_to_transaction(offsets, group, 30)
             writer.flush(30)
             writers[instance] = writer
 
-        fenced = fence_abandoned(config, ns, f"{ns}.journal", f"{ns}.commands", [0, 1], own="me")
+        fenced = fence_abandoned(
+            config, ns, f"{ns}.journal", f"{ns}.commands", [0, 1, 2, 3], own="me"
+        )
 
         assert fenced == {"gone"}
         writers["alive"].commit_transaction(30)  # its transaction goes on
