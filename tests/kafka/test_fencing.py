@@ -13,13 +13,7 @@ import time
 from itertools import count
 
 import pytest
-from confluent_kafka import (
-    Consumer,
-    ConsumerGroupTopicPartitions,
-    KafkaException,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 import runstream
@@ -27,7 +21,7 @@ from runstream.engine.partitioner import partition_for
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import RunStarted
 from runstream.topics.admin import client_config, ensure_topics
-from runstream.topics.fencing import fence_abandoned, instance_of
+from runstream.topics.fencing import fence_abandoned
 from runstream.topics.txn import evidence
 
 from .flows import make_app
@@ -81,54 +75,6 @@ def test_a_takeover_fences_a_dead_instances_open_transaction_instead_of_waiting_
         worker.stop()
 
 
-def test_a_takeover_fences_a_dead_instances_transaction_that_holds_only_command_offsets(
-    kafka_bootstrap, ns, tmp_path
-):
-    """A dead owner's transaction can hold the group's offsets with no journal record on
-    the broker (killed after ``send_offsets_to_transaction``, its records still in its
-    queue): the new owner's committed offsets then wait for it. The group's last stable
-    offsets name their writer (the commit's metadata), and a writer gone from the group
-    is fenced like one the journal names."""
-    ensure_topics(kafka_bootstrap, ns, PARTITIONS)
-    config = client_config(kafka_bootstrap)
-    p = partition_for(b"held", PARTITIONS)
-    commands = f"{ns}.commands"
-    group = Consumer({**config, "group.id": f"{ns}.engine"}).consumer_group_metadata()
-    dead = Producer(
-        {**config, "transactional.id": f"{ns}.engine.gone", "transaction.timeout.ms": 600_000}
-    )
-    dead.init_transactions(30)
-    tp = TopicPartition(commands, p, 0, metadata="gone.0badc0de")
-    dead.begin_transaction()  # a committed transaction: the offsets name their writer
-    dead.send_offsets_to_transaction([tp], group, 30)
-    dead.commit_transaction(30)
-    dead.begin_transaction()  # and one left open with offsets only
-    dead.send_offsets_to_transaction([tp], group, 30)
-
-    worker = ThreadWorker(make_app(ns, kafka_bootstrap), tmp_path / "state")
-    client = None
-    try:
-        client = wait_for(lambda: _client(ns, kafka_bootstrap), what="the client")
-        run_id = next(
-            r for i in count() if partition_for((r := f"after-{i}").encode(), PARTITIONS) == p
-        )
-        client.start("three_steps", 1, run_id=run_id)
-        assert client.result(run_id, timeout=90) == 4
-        with pytest.raises(KafkaException):  # the dead instance is fenced
-            dead.commit_transaction(30)
-        # The engine's own commits name their writer too, for the next takeover.
-        asked = ConsumerGroupTopicPartitions(f"{ns}.engine", [TopicPartition(commands, p)])
-        admin = AdminClient(dict(config))  # kept: a collected client never answers
-        futures = admin.list_consumer_group_offsets([asked], request_timeout=30)
-        (committed,) = next(iter(futures.values())).result(30).topic_partitions
-        assert committed.offset > 0
-        assert instance_of(committed.metadata or "") == "w1"
-    finally:
-        if client is not None:
-            client.close()
-        worker.stop()
-
-
 def _client(ns: str, bootstrap: str) -> runstream.Client | None:
     try:
         return runstream.Client(ns, bootstrap)
@@ -146,25 +92,17 @@ def test_an_open_transaction_of_an_instance_still_in_the_group_is_not_fenced(kaf
     writers = {}
     try:
         wait_for(lambda: member.poll(0.2) is None and member.assignment(), what="joining")
-        group = member.consumer_group_metadata()
         for p, instance in enumerate(("alive", "gone")):
             writer = Producer({**config, "transactional.id": f"{ns}.engine.{instance}"})
             writer.init_transactions(30)
-            # Each holds journal partition p with a record, and command partition p + 2
-            # with offsets only (its last commit's metadata names it).
-            offsets = [TopicPartition(f"{ns}.commands", p + 2, 0, metadata=f"{instance}.0")]
-            writer.begin_transaction()
-            writer.send_offsets_to_transaction(offsets, group, 30)
-            writer.commit_transaction(30)
             writer.begin_transaction()
             headers = evidence(f"{instance}.0badc0de", 1, [p], [])
             writer.produce(f"{ns}.journal", b"fact", b"run", partition=p, headers=headers)
-            writer.send_offsets_to_transaction(offsets, group, 30)
             writer.flush(30)
             writers[instance] = writer
 
         fenced = fence_abandoned(
-            config, ns, f"{ns}.journal", f"{ns}.commands", [0, 1, 2, 3], own="me"
+            AdminClient(dict(config)), config, ns, f"{ns}.journal", [0, 1], own="me"
         )
 
         assert fenced == {"gone"}
@@ -192,7 +130,9 @@ def test_every_dead_writer_is_found_however_many_records_one_of_them_left(kafka_
         writer.flush(30)
         writers[instance] = writer
 
-    fenced = fence_abandoned(config, ns, f"{ns}.journal", f"{ns}.commands", [0, 1, 2], own="me")
+    fenced = fence_abandoned(
+        AdminClient(dict(config)), config, ns, f"{ns}.journal", [0, 1, 2], own="me"
+    )
 
     assert fenced == {"busy", "quiet"}
     for writer in writers.values():

@@ -7,6 +7,7 @@ the batch: ``tests/component/test_txn_errors.py``.)"""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from types import SimpleNamespace
 
 import pytest
@@ -182,6 +183,32 @@ def test_reading_offsets_asks_again_while_a_coordinator_or_leader_moves(kafka_bo
         assert log._consumer.failed == {"committed", "get_watermark_offsets"}  # type: ignore[attr-defined]
         assert ends.failed == {"list_offsets"}
         assert poll_commands(log) == [0, 1, 2]  # rewound to the group's offset: nothing taken
+    finally:
+        log.close()
+
+
+class Refused:
+    """An admin client whose every answer is refused as one kept across a broker's
+    restart is (stale metadata: FENCED_LEADER_EPOCH, seen in the chaos suite)."""
+
+    def list_offsets(self, asked: dict[object, object], **kw: object) -> dict[object, object]:
+        refused: Future[object] = Future()
+        refused.set_exception(KafkaException(KafkaError(KafkaError.FENCED_LEADER_EPOCH)))
+        return dict.fromkeys(asked, refused)
+
+
+def test_a_kept_admin_client_that_is_refused_is_replaced_and_asked_again(kafka_bootstrap, ns):
+    """The restore keeps one admin client for the partitions' ends (a new client's first
+    question can take 3 s); one that went stale must not end the instance."""
+    log = started_log(kafka_bootstrap, ns)
+    try:
+        assert log.end_offsets([0]) == {0: 3}
+        kept = log._admin_client
+        assert kept is not None and log.end_offsets([0]) == {0: 3}
+        assert log._admin_client is kept  # not a new client per question
+        log._admin_client = Refused()  # type: ignore[assignment]
+        assert log.end_offsets([0]) == {0: 3}
+        assert log._admin_client is not None and not isinstance(log._admin_client, Refused)
     finally:
         log.close()
 

@@ -3,14 +3,10 @@
 An instance killed inside a transaction leaves it open: until the coordinator aborts it
 (``transaction.timeout.ms`` after it began, at the broker's next check, every 10 s by
 default), its journal records hold each partition's last stable offset, and a new owner
-reading that journal to its end waits. So does its read of the group's committed
-offsets, while the transaction holds them: killed after ``send_offsets_to_transaction``,
-an instance can leave offsets pending and no journal record on the broker at all. Its
-transactional ids are known (every journal record names its writer,
-`topics.txn.evidence`, and so do the group's stable offsets, in their commit's metadata),
-so the new owner fences them: a producer with the same transactional id calling
-``init_transactions`` makes the coordinator abort the open transaction at once (Kafka's
-zombie fencing).
+reading that journal to its end waits. Its transactional ids are known (every journal
+record names its writer, `topics.txn.evidence`), so the new owner fences them: a
+producer with the same transactional id calling ``init_transactions`` makes the
+coordinator abort the open transaction at once (Kafka's zombie fencing).
 
 Only an instance that is no longer in the engine's consumer group is fenced: a live one
 finishes its own transaction (a cooperative handover waits for it). An instance
@@ -26,7 +22,6 @@ from collections.abc import Collection
 
 from confluent_kafka import (
     Consumer,
-    ConsumerGroupTopicPartitions,
     IsolationLevel,
     KafkaError,
     KafkaException,
@@ -68,70 +63,34 @@ def abandoned(writers: Collection[str], members: Collection[str], ns: str, own: 
 
 
 def fence_abandoned(
+    admin: AdminClient,
     config: Config,
     ns: str,
     journal: str,
-    commands: str,
     partitions: Collection[int],
     own: str,
     timeout: float = 5.0,
 ) -> set[str]:
-    """Fence the instances whose open transactions hold ``partitions`` of the journal, or
-    the group's offsets of those command partitions, and that are no longer in the group;
-    the instances fenced. Never raises: a failure leaves the transaction to its timeout,
-    as before (logged)."""
-    group = f"{ns}.engine"
+    """Fence the instances whose open transactions hold ``partitions`` of the journal and
+    that are no longer in the group; the instances fenced (``admin`` asks the journal's
+    ends). Never raises: a failure leaves the transaction to its timeout, as before
+    (logged)."""
     try:
-        admin = AdminClient(dict(config))
-        records = _open_transaction_writers(admin, config, journal, partitions, timeout)
-        offsets = _held_offsets_writers(admin, group, commands, partitions, timeout)
-        if not records and not offsets:
+        writers = _open_transaction_writers(admin, config, journal, partitions, timeout)
+        if not writers:
             return set()
-        members = assignments(config, group, journal, timeout)  # by client id
-        dead = abandoned([*records.values(), *offsets.values()], members, ns, own)
+        members = assignments(config, f"{ns}.engine", journal, timeout)  # by client id
+        dead = abandoned(writers.values(), members, ns, own)
         for instance in sorted(dead):
             for tid in transactional_ids(ns, instance):
                 Producer({**config, "transactional.id": tid}).init_transactions(timeout)
         if dead:
-            log.info(
-                "fenced %s: their open transactions held journal %s, command offsets %s",
-                sorted(dead),
-                *(
-                    sorted(p for p, w in held.items() if instance_of(w) in dead)
-                    for held in (records, offsets)
-                ),
-            )
+            held = sorted(p for p, w in writers.items() if instance_of(w) in dead)
+            log.info("fenced %s: their open transactions held journal %s", sorted(dead), held)
         return dead
     except (KafkaException, RunstreamError) as exc:
         log.warning("fencing abandoned transactions: %s; waiting them out", exc)
         return set()
-
-
-def _held_offsets_writers(
-    admin: AdminClient, group: str, commands: str, partitions: Collection[int], timeout: float
-) -> dict[int, str]:
-    """The writer of the group's last stable offsets (their commit's metadata) of each
-    command partition whose offsets an open transaction holds: the owner that opened it,
-    unless it took the partition over and died before its first commit (then its
-    transaction is waited out)."""
-
-    def fetch(asked: Collection[int], stable: bool) -> list[TopicPartition]:
-        tps = [TopicPartition(commands, p) for p in asked]
-        futures = admin.list_consumer_group_offsets(
-            [ConsumerGroupTopicPartitions(group, tps)],
-            require_stable=stable,
-            request_timeout=timeout,
-        )
-        return list(next(iter(futures.values())).result().topic_partitions or [])
-
-    unstable = [
-        tp.partition
-        for tp in fetch(partitions, stable=True)
-        if tp.error is not None and tp.error.code() == KafkaError.UNSTABLE_OFFSET_COMMIT
-    ]
-    if not unstable:
-        return {}
-    return {tp.partition: tp.metadata for tp in fetch(unstable, stable=False) if tp.metadata}
 
 
 def _open_transaction_writers(

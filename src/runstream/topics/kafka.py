@@ -306,6 +306,7 @@ class KafkaLog(Transactions):
         # partition again from its start, and what was handed over must not come twice.
         self._next: dict[int, int] = {}
         self.call_timeout = 30.0  # seconds a call to the coordinator waits (then: unknown)
+        self._admin_client: AdminClient | None = None  # see `_admin`
         # The journal's evidence of each transaction (`topics.txn.evidence`): this life's
         # name, the last sequence number given, the open transaction's, and those of the
         # transactions that ended uncommitted since the last one that committed.
@@ -431,10 +432,10 @@ class KafkaLog(Transactions):
         journal partitions (`topics.fencing`): a takeover need not wait them out."""
         with self.watchdog.watch("fencing abandoned transactions", 75, DRAIN_GRACE):
             fence_abandoned(
+                self._admin(),
                 self._config,
                 self.topics.ns,
                 self.topics.journal,
-                self.topics.commands,
                 partitions,
                 self._instance_id,
             )
@@ -445,8 +446,9 @@ class KafkaLog(Transactions):
         # (KIP-447): only then is the journal's end final.
         out = self._asking(
             "committed",
-            # A time-out here is as often an open transaction of an instance that is not
-            # fenced (alive, or gone before its first commit) as an unreachable broker.
+            # A time-out here is as often an open transaction the fence did not find (its
+            # instance alive, or gone with no journal record on the broker) as a broker
+            # out of reach.
             "reading the group's committed offsets (an open transaction holding them "
             "delays them until it ends)",
             lambda: self._committed(partitions),
@@ -622,15 +624,34 @@ class KafkaLog(Transactions):
         self, topic: str, partitions: list[int], level: IsolationLevel
     ) -> dict[int, int]:
         """Each partition's end offset as a consumer at ``level`` sees it, in one request."""
-        # A new client per call: one kept across a broker's restart asks with stale
-        # metadata and is refused (FENCED_LEADER_EPOCH), as the chaos test found.
-        admin = AdminClient(dict(self._config))
         latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
         asked = {TopicPartition(topic, p): latest for p in partitions}
-        futures = admin.list_offsets(asked, isolation_level=level, request_timeout=30)
-        return known_ends(
-            topic, {tp.partition: int(f.result().offset) for tp, f in futures.items()}
-        )
+
+        def ask() -> dict[int, int]:
+            futures = self._admin().list_offsets(asked, isolation_level=level, request_timeout=30)
+            return {tp.partition: int(f.result().offset) for tp, f in futures.items()}
+
+        try:
+            return known_ends(topic, ask())
+        except KafkaException as exc:
+            # A client kept across a broker's restart asks with stale metadata and is
+            # refused (FENCED_LEADER_EPOCH, as the chaos test found): a new one asks next,
+            # at once unless the refusal is one to wait out (`_asking` asks again).
+            self._admin_client = None
+            if transient(exc.args[0]):
+                raise
+            return known_ends(topic, ask())
+
+    def _admin(self) -> AdminClient:
+        """The admin client of the restore's questions, kept: a new client's first
+        ListOffsets looks its leaders up on a slow path (3 s in a quarter of the cases
+        measured on a local broker); a metadata request first avoids it."""
+        if self._admin_client is None:
+            admin = AdminClient(dict(self._config))
+            for topic in (self.topics.commands, self.topics.journal):
+                admin.list_topics(topic, timeout=10)
+            self._admin_client = admin
+        return self._admin_client
 
     # -- the transactional writer (what its errors mean: `topics.txn`) -----------------
     @property
@@ -688,10 +709,7 @@ class KafkaLog(Transactions):
     def send_offsets(self, offsets: Mapping[int, int]) -> None:
         """Commit these next command offsets with the transaction (KIP-447 fencing)."""
         self._sent = dict(offsets)
-        # The metadata names the writer: a takeover that finds these offsets held by an
-        # open transaction knows whom to fence (`topics.fencing`).
-        commands, writer = self.topics.commands, self._writer
-        tps = [TopicPartition(commands, p, o, metadata=writer) for p, o in offsets.items()]
+        tps = [TopicPartition(self.topics.commands, p, o) for p, o in offsets.items()]
         metadata = self._consumer.consumer_group_metadata()
         self._transact(
             "send_offsets_to_transaction",
