@@ -102,7 +102,7 @@ def test_an_open_transaction_of_an_instance_still_in_the_group_is_not_fenced(kaf
             writers[instance] = writer
 
         fenced = fence_abandoned(
-            AdminClient(dict(config)), config, ns, f"{ns}.journal", [0, 1], own="me"
+            lambda: AdminClient(dict(config)), config, ns, f"{ns}.journal", [0, 1], own="me"
         )
 
         assert fenced == {"gone"}
@@ -131,7 +131,7 @@ def test_every_dead_writer_is_found_however_many_records_one_of_them_left(kafka_
         writers[instance] = writer
 
     fenced = fence_abandoned(
-        AdminClient(dict(config)), config, ns, f"{ns}.journal", [0, 1, 2], own="me"
+        lambda: AdminClient(dict(config)), config, ns, f"{ns}.journal", [0, 1, 2], own="me"
     )
 
     assert fenced == {"busy", "quiet"}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from confluent_kafka import (
     Consumer,
@@ -63,7 +63,7 @@ def abandoned(writers: Collection[str], members: Collection[str], ns: str, own: 
 
 
 def fence_abandoned(
-    admin: AdminClient,
+    admin: Callable[[], AdminClient],
     config: Config,
     ns: str,
     journal: str,
@@ -72,11 +72,11 @@ def fence_abandoned(
     timeout: float = 5.0,
 ) -> set[str]:
     """Fence the instances whose open transactions hold ``partitions`` of the journal and
-    that are no longer in the group; the instances fenced (``admin`` asks the journal's
+    that are no longer in the group; the instances fenced (``admin()`` asks the journal's
     ends). Never raises: a failure leaves the transaction to its timeout, as before
     (logged)."""
     try:
-        writers = _open_transaction_writers(admin, config, journal, partitions, timeout)
+        writers = _open_transaction_writers(admin(), config, journal, partitions, timeout)
         if not writers:
             return set()
         members = assignments(config, f"{ns}.engine", journal, timeout)  # by client id

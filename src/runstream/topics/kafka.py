@@ -432,7 +432,7 @@ class KafkaLog(Transactions):
         journal partitions (`topics.fencing`): a takeover need not wait them out."""
         with self.watchdog.watch("fencing abandoned transactions", 75, DRAIN_GRACE):
             fence_abandoned(
-                self._admin(),
+                self._admin,
                 self._config,
                 self.topics.ns,
                 self.topics.journal,
