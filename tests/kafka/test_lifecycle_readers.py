@@ -158,8 +158,16 @@ def _seen(fmt: str, bootstrap: str, tmp: Path, registry: str | None) -> Seen:
         assert producer.flush(30) == 0
         runs = set(ended)
         wait_for(lambda: runs <= {r.run_id for r in dash.find(Filters())[0]}, what="the list")
-        runs |= {r.run_id for r in dash.find(Filters(prefix="family/"))[0]}  # the children
-        runs |= {r.run_id for r in dash.find(Filters(prefix="count~"))[0]}  # its successor
+        # the children and the successor, each on the partition of its own id: found by
+        # prefix, once the dashboard has read that far on every partition
+        later = {"family/": 2, "count~": 1}
+
+        def found(prefix: str) -> set[str]:
+            return {r.run_id for r in dash.find(Filters(prefix=prefix))[0]}
+
+        wait_for(lambda: all(len(found(p)) == n for p, n in later.items()), what="children")
+        for prefix in later:
+            runs |= found(prefix)
 
         def all_shown() -> bool:
             rows = {r: dash.get(r) for r in runs}
