@@ -31,6 +31,7 @@ from runstream.schemas.records import (
     StepTask,
 )
 from runstream.topics.admin import client_config, ensure_topics
+from runstream.topics.groups import group_status
 from runstream.topics.spec import Topics
 
 from .kit import PARTITIONS, wait_for
@@ -268,6 +269,31 @@ def test_status_shows_workers_lag_oldest_task_in_flight_and_timeouts(kafka_boots
         assert "worker-payments" in human.stdout
     finally:
         worker.close()
+
+
+def test_group_status_reports_exactly_the_offsets_the_group_committed(kafka_bootstrap, ns):
+    ensure_topics(kafka_bootstrap, ns, PARTITIONS, task_groups=[PAY])
+    topic = Topics(ns).tasks(PAY)
+    plain = Producer(client_config(kafka_bootstrap))
+    for i in range(5):
+        plain.produce(topic, task(f"p{i}", PAY), f"p{i}".encode(), partition=0)
+    plain.produce(topic, task("p5", PAY), b"p5", partition=2)
+    assert plain.flush(30) == 0
+    # commits for the group without ever joining it: p0 at 3, p2 at 1, p1 and p3 never
+    committer = Consumer(
+        {**client_config(kafka_bootstrap), "group.id": topic, "enable.auto.commit": False}
+    )
+    try:
+        committer.commit(
+            offsets=[TopicPartition(topic, 0, 3), TopicPartition(topic, 2, 1)],
+            asynchronous=False,
+        )
+    finally:
+        committer.close()
+
+    status = group_status(client_config(kafka_bootstrap), topic, topic)
+
+    assert {p.partition: p.committed for p in status.partitions} == {0: 3, 1: None, 2: 1, 3: None}
 
 
 def test_a_namespace_without_task_groups_says_so(kafka_bootstrap, ns):

@@ -2,7 +2,8 @@
 partition, and when the oldest record it has not committed was produced.
 
 For `runstream tasks status` (the task workers of ``<ns>.tasks.<group>``), from the
-admin API and one throwaway reader; nothing here joins the group or commits.
+admin API, one consumer that only asks for the group's committed offsets and one
+throwaway reader; nothing here joins the group or commits.
 
 Lag counts offsets from the group's committed offset (the low watermark when it has
 none) to the partition's last stable offset. Transaction markers and aborted records
@@ -22,7 +23,6 @@ from dataclasses import dataclass
 from confluent_kafka import (
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
-    ConsumerGroupTopicPartitions,
     IsolationLevel,
     KafkaError,
     KafkaException,
@@ -114,7 +114,7 @@ def group_status(config: Config, group_id: str, topic: str, timeout: float = 10.
     admin = AdminClient(dict(config))
     state, members = _describe(config, admin, group_id, timeout)
     partitions = _partitions(config, admin, topic, timeout)
-    committed = _committed(config, admin, group_id, topic, partitions, timeout)
+    committed = _committed(config, group_id, topic, partitions, timeout)
     low = _offsets(config, admin, topic, partitions, _EARLIEST, timeout)
     end = _offsets(config, admin, topic, partitions, _LATEST, timeout)
     # Where the group resumes: its committed offset, or the oldest record retention kept.
@@ -191,21 +191,34 @@ def _partitions(config: Config, admin: AdminClient, topic: str, timeout: float) 
 
 
 def _committed(
-    config: Config,
-    admin: AdminClient,
-    group_id: str,
-    topic: str,
-    partitions: list[int],
-    timeout: float,
+    config: Config, group_id: str, topic: str, partitions: list[int], timeout: float
 ) -> dict[int, int]:
-    """Partition -> the group's committed offset, for those it committed."""
-    ask = ConsumerGroupTopicPartitions(group_id, [TopicPartition(topic, p) for p in partitions])
-    [future] = admin.list_consumer_group_offsets([ask], request_timeout=timeout).values()
+    """Partition -> the group's committed offset, for those it committed.
+
+    Asked through a consumer of the group that never subscribes (so never joins it nor
+    disturbs its members) rather than the admin API: librdkafka's admin client crashes
+    the process (SIGSEGV) when the OffsetFetch is answered NOT_COORDINATOR, as it sends
+    the coordinator re-query to a consumer-group handle an admin client does not have."""
+    consumer = Consumer(
+        {
+            **config,
+            "group.id": group_id,  # never subscribed: asks for its offsets, never joins
+            "enable.auto.commit": False,
+            # librdkafka's committed() asks the broker for stable offsets (RequireStable)
+            # when read_committed, and retries while a transaction holding offsets of the
+            # group is open; read_uncommitted gets the last committed offsets at once
+            # instead of waiting out the timeout behind an engine's transaction.
+            "isolation.level": "read_uncommitted",
+        }
+    )
     try:
-        answer = future.result()
+        asked = [TopicPartition(topic, p) for p in partitions]
+        answer = consumer.committed(asked, timeout=timeout)
     except KafkaException as exc:
         raise refused(config, f"reading the offsets of consumer group {group_id}", exc) from None
-    return {tp.partition: tp.offset for tp in answer.topic_partitions or () if tp.offset >= 0}
+    finally:
+        consumer.close()
+    return {tp.partition: tp.offset for tp in answer if tp.offset >= 0}
 
 
 def _offsets(
