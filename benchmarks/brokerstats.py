@@ -21,7 +21,16 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-REQUESTS = ("Produce", "AddPartitionsToTxn", "AddOffsetsToTxn", "TxnOffsetCommit", "EndTxn")
+REQUESTS = (
+    "Produce",
+    "AddPartitionsToTxn",
+    "AddOffsetsToTxn",
+    "TxnOffsetCommit",
+    "EndTxn",
+    "WriteTxnMarkers",
+    "FetchConsumer",
+    "OffsetCommit",
+)
 PARTS = (
     "TotalTimeMs",
     "RequestQueueTimeMs",

@@ -13,6 +13,15 @@ the slowest runs and as percentiles over all, how long each hop took:
     reply    the last commit returned until the client's listener got the reply
     wake     reply received until result() returned
 
+W8 (W1's three steps served by a task-worker process, hooked the same way) splits each
+remote step instead, summed over the run's three steps:
+
+    task     a transaction committed until the task worker's poll returned its task
+    body     the task polled until its result was handed to the producer
+    result   the result handed over until the engine's poll returned it
+    decide2  the result polled until the next transaction began
+    commit2  those transactions
+
 Each engine event is a JSON line with its wall time (ms) in a file beside the work dir.
 ``--debug eos,fetch`` adds librdkafka's own debug contexts to the engine's log (kept with
 ``--keep``). Meant for a quiet machine: the hooks cost a little, not the tail.
@@ -21,6 +30,7 @@ Each engine event is a JSON line with its wall time (ms) in a file beside the wo
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -29,6 +39,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 TRACE_ENV = "RUNSTREAM_TRACE_FILE"
+TASKS_TRACE_ENV = "RUNSTREAM_TRACE_TASKS_FILE"
 
 
 # ----------------------------------------------------------------- the engine side
@@ -88,6 +99,49 @@ def _hooks(path: str) -> None:
     worker.commit = traced_commit  # type: ignore[assignment]
 
 
+def _task_hooks(path: str) -> None:
+    """Wrap the task worker's poll and its result sends with events."""
+    from runstream.topics import tasklog
+
+    out = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process's life
+
+    def emit(ev: str, **kw: Any) -> None:
+        out.write(json.dumps({"t": time.time() * 1000, "ev": ev, **kw}) + "\n")
+
+    if os.environ.get("RUNSTREAM_KAFKA_DEBUG"):  # librdkafka's own lines, as the engine's
+        config = tasklog.client_config
+
+        def unlogged(*a: Any, **kw: Any) -> dict[str, Any]:
+            return {k: v for k, v in config(*a, **kw).items() if k != "logger"}
+
+        tasklog.client_config = unlogged  # type: ignore[assignment]
+
+    poll, send = tasklog.TaskLog.poll, tasklog.TaskLog.send
+
+    def traced_poll(self: tasklog.TaskLog, timeout: float, limit: int) -> list[Any]:
+        t0 = time.time() * 1000
+        records = poll(self, timeout, limit)
+        if records:
+            keys = [(r.key or b"").decode(errors="replace") for r in records]
+            emit("task_poll", t0=t0, keys=keys)
+        return records
+
+    def traced_send(self: tasklog.TaskLog, topic: str, partition: Any, key: Any, *a: Any) -> None:
+        emit("result_send", key=(key or b"").decode(errors="replace"), topic=topic)
+        send(self, topic, partition, key, *a)
+
+    tasklog.TaskLog.poll = traced_poll  # type: ignore[method-assign]
+    tasklog.TaskLog.send = traced_send  # type: ignore[method-assign]
+
+
+def tasks_main(argv: list[str]) -> None:
+    """``python -m benchmarks.trace tasks <runstream tasks serve args>``: hooked."""
+    _task_hooks(os.environ[TASKS_TRACE_ENV])
+    from runstream.cli.main import cli
+
+    cli.main(["tasks", "serve", *argv], prog_name="runstream")
+
+
 def engine_main(argv: list[str]) -> None:
     """``python -m benchmarks.trace engine <runstream worker args>``: the worker, hooked."""
     _hooks(os.environ[TRACE_ENV])
@@ -117,7 +171,7 @@ def _listen(events: list[tuple[float, str, int]]) -> None:
 def _drive(workload: str, client: Any, lc: Any, runs: int, warmup: int) -> Iterator[dict[str, Any]]:
     """Sequential runs; per run its client-side times (ms, wall)."""
     for i in range(warmup + runs):
-        if workload == "W1":
+        if workload in ("W1", "W8"):
             t0 = time.time() * 1000
             rid = client.start("w1", 1)
             sent = time.time() * 1000
@@ -161,14 +215,55 @@ def _breakdown(run: dict[str, Any], engine: list[dict[str, Any]], replies: list[
     run["hops"] = hops
 
 
+def _remote_breakdown(run: dict[str, Any], engine: list[dict[str, Any]], tasks: list[Any]) -> None:
+    """Split ``run``'s remote steps (W8): after each but the last of its transactions,
+    the task's way to the worker, the body, the result's way back, the next decision and
+    its commit; summed over the steps into ``run["hops"]``."""
+    rid, t0, done = run["run"], run["t0"], run["done"]
+    txns = [e for e in engine if e["ev"] == "txn" and rid in e["runs"] and t0 <= e["t"] <= done]
+    polls = [e for e in engine if e["ev"] == "poll" and rid in e["keys"] and t0 <= e["t"] <= done]
+    took = [e for e in tasks if e["ev"] == "task_poll" and t0 <= e["t"] <= done]
+    sent = [e for e in tasks if e["ev"] == "result_send" and e["key"] == rid]
+    sent = [e for e in sent if t0 <= e["t"] <= done]
+    names = ("task", "body", "result", "decide2", "commit2")
+    sums = dict.fromkeys(names, 0.0)
+    steps = []
+    for before, after in itertools.pairwise(txns):
+        send = next((e for e in sent if before["t0"] <= e["t"] <= after["t0"]), None)
+        polled = next(
+            (e for e in polls if send is not None and send["t"] <= e["t"] <= after["t0"]), None
+        )
+        fetched = next(
+            (e for e in took if before["t0"] <= e["t"] <= (send or after)["t"]), None
+        )  # the worker's poll that returned this run's task (one run in flight)
+        if send is None or polled is None or fetched is None:
+            run["missing"] = True
+            return
+        step = {
+            "task": fetched["t"] - before["t"],
+            "body": send["t"] - fetched["t"],
+            "result": polled["t"] - send["t"],
+            "decide2": after["t0"] - polled["t"],
+            "commit2": after["t"] - after["t0"],
+        }
+        steps.append(step)
+        for k in names:
+            sums[k] += step[k]
+    run["hops"].update(sums)
+    run["steps"] = [{k: round(v, 1) for k, v in st.items()} for st in steps]
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["engine"]:
         engine_main(argv[1:])
         return 0
+    if argv[:1] == ["tasks"]:
+        tasks_main(argv[1:])
+        return 0
     p = argparse.ArgumentParser(prog="python -m benchmarks.trace", description=__doc__)
-    p.add_argument("workload", nargs="?", choices=("W1", "W3"), default="W1")
+    p.add_argument("workload", nargs="?", choices=("W1", "W3", "W8"), default="W1")
     p.add_argument("--runs", type=int, default=300)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--bootstrap", default=None, help="an existing broker (default: a local one)")
@@ -179,22 +274,38 @@ def main(argv: list[str] | None = None) -> int:
         "--broker-metrics", action="store_true", help="the broker's request metrics beside"
     )
     p.add_argument("--keep", action="store_true", help="keep the work dir (engine log, events)")
+    p.add_argument(
+        "--broker-config", action="append", default=[], help="KEY=VALUE for the local broker"
+    )
     args = p.parse_args(argv)
 
     import runstream
 
     from .harness import Bench, Engine, Lifecycle, latency_stats, log, wait_ready
+    from .workloads import W8_CONCURRENCY, _TaskWorkerProcess
+
+    remote = args.workload == "W8"
 
     class TracedEngine(Engine):
         @property
         def command(self) -> list[str]:
-            cmd = super().command
-            return [sys.executable, "-m", "benchmarks.trace", "engine", *cmd[4:]]
+            cmd = super().command  # [python, -m, runstream, worker, benchmarks.flows:app, ...]
+            target = ["benchmarks.flows:remote_app"] if remote else cmd[4:5]
+            return [sys.executable, "-m", "benchmarks.trace", "engine", *target, *cmd[5:]]
+
+    class TracedTasks(_TaskWorkerProcess):
+        @property
+        def command(self) -> list[str]:
+            cmd = super().command  # [python, -m, runstream, tasks, serve, ...]
+            return [sys.executable, "-m", "benchmarks.trace", "tasks", *cmd[5:]]
 
     replies: list[tuple[float, str, int]] = []
     _listen(replies)
     broker = None
-    with Bench(args.bootstrap, args.keep, broker_metrics=args.broker_metrics) as bench:
+    overrides = dict(kv.split("=", 1) for kv in args.broker_config)
+    with Bench(
+        args.bootstrap, args.keep, broker_metrics=args.broker_metrics, broker_config=overrides
+    ) as bench:
         if args.warmup_seconds > 0:
             from .workloads import warm_broker
 
@@ -206,6 +317,14 @@ def main(argv: list[str] | None = None) -> int:
         env = {TRACE_ENV: str(events)}
         if args.debug:
             env["RUNSTREAM_KAFKA_DEBUG"] = args.debug
+        task_events = bench.work / "tasks-trace.jsonl"
+        tasks = None
+        if remote:
+            tasks = TracedTasks(bench, ns, W8_CONCURRENCY)
+            tasks.env = {TASKS_TRACE_ENV: str(task_events)}
+            if args.debug:
+                tasks.env["RUNSTREAM_KAFKA_DEBUG"] = args.debug
+            tasks.start()
         engine = TracedEngine(bench, ns, "bench-1", bench.state_dir(ns), env).start()
         wait_ready(bench, ns, [engine])
         lc = Lifecycle(bench.bootstrap, ns, b"trace-")
@@ -217,13 +336,20 @@ def main(argv: list[str] | None = None) -> int:
         if bench.broker_stats is not None:
             broker = bench.broker_stats.since_last()  # with the traced warm-up runs
         engine.stop()
+        if tasks is not None:
+            tasks.stop()
         engine_events = [json.loads(line) for line in events.read_text().splitlines()]
+        worker_events = (
+            [json.loads(line) for line in task_events.read_text().splitlines()] if remote else []
+        )
         log(f"work dir {bench.work}; engine log {engine.logs[-1]}")
     for run in runs:
         _breakdown(run, engine_events, replies)
+        if remote and "missing" not in run:
+            _remote_breakdown(run, engine_events, worker_events)
     if args.keep:
         (bench.work / "runs.json").write_text(json.dumps(runs))
-    _report(runs, args.slowest, latency_stats)
+    _report(runs, args.slowest, latency_stats, remote)
     if broker is not None:
         from .brokerstats import summary
 
@@ -231,14 +357,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _report(runs: list[dict[str, Any]], slowest: int, stats: Callable[..., Any]) -> None:
+def _report(
+    runs: list[dict[str, Any]], slowest: int, stats: Callable[..., Any], remote: bool = False
+) -> None:
     total = [r["done"] - r["t0"] for r in runs]
     print(f"{len(runs)} runs: total {_fmt(stats(total))}")
     edges = (5, 10, 15, 20, 30, 40, 50, 75, 100, 1e9)
     counts = [sum(lo <= t < hi for t in total) for lo, hi in zip((0, *edges), edges, strict=False)]
     print("  ms <" + " ".join(f"{e:>5g}" for e in edges[:-1]) + "  more")
     print("  runs" + " ".join(f"{c:>5}" for c in counts))
-    names = ("send", "to_poll", "decide", "commit", "more", "reply", "wake")
+    names: tuple[str, ...] = ("send", "to_poll", "decide", "commit", "more", "reply", "wake")
+    if remote:
+        names = (*names[:4], "task", "body", "result", "decide2", "commit2", *names[5:])
+    missing = sum(1 for r in runs if r.get("missing"))
+    if missing:
+        print(f"  {missing} runs not matched to their events (left out of the hops)")
     for name in names:
         values = [r["hops"][name] for r in runs if r["hops"].get(name) is not None]
         if values:
@@ -255,6 +388,8 @@ def _report(runs: list[dict[str, Any]], slowest: int, stats: Callable[..., Any])
         )
         extra = f"{r.get('txns', '-'):>5}  ({r.get('poll_wait')}, {r.get('poll_blocked')})"
         print(f"  {r['done'] - r['t0']:5.1f}  {hops}  {extra}  {r.get('calls', {})}")
+        if remote and r.get("steps"):
+            print("         steps: " + "  ".join(str(st) for st in r["steps"]))
 
 
 def _fmt(s: dict[str, float]) -> str:
