@@ -45,15 +45,35 @@ TASKS_TRACE_ENV = "RUNSTREAM_TRACE_TASKS_FILE"
 # ----------------------------------------------------------------- the engine side
 
 
+def _emitter(path: str) -> Callable[..., None]:
+    """``emit(ev, **fields)``: one JSON line with the wall time (ms) appended to ``path``."""
+    out = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process's life
+
+    def emit(ev: str, **kw: Any) -> None:
+        out.write(json.dumps({"t": time.time() * 1000, "ev": ev, **kw}) + "\n")
+
+    return emit
+
+
+def _unlogged(module: Any) -> None:
+    """With RUNSTREAM_KAFKA_DEBUG, ``module``'s clients write librdkafka's own lines (with
+    its timestamps) to stderr, not through Python logging."""
+    if not os.environ.get("RUNSTREAM_KAFKA_DEBUG"):
+        return
+    config = module.client_config
+
+    def unlogged(*a: Any, **kw: Any) -> dict[str, Any]:
+        return {k: v for k, v in config(*a, **kw).items() if k != "logger"}
+
+    module.client_config = unlogged
+
+
 def _hooks(path: str) -> None:
     """Wrap the engine's poll, its transaction calls and its batch commit with events."""
     from runstream import worker
     from runstream.topics import kafka
 
-    out = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process's life
-
-    def emit(ev: str, **kw: Any) -> None:
-        out.write(json.dumps({"t": time.time() * 1000, "ev": ev, **kw}) + "\n")
+    emit = _emitter(path)
 
     poll = kafka.KafkaLog.poll
 
@@ -67,13 +87,7 @@ def _hooks(path: str) -> None:
 
     kafka.KafkaLog.poll = traced_poll  # type: ignore[method-assign]
 
-    if os.environ.get("RUNSTREAM_KAFKA_DEBUG"):  # librdkafka's own lines, with its timestamps
-        config = kafka.client_config
-
-        def unlogged(*a: Any, **kw: Any) -> dict[str, Any]:
-            return {k: v for k, v in config(*a, **kw).items() if k != "logger"}
-
-        kafka.client_config = unlogged  # type: ignore[assignment]
+    _unlogged(kafka)
 
     for name in ("begin", "send_offsets", "commit"):
         call = getattr(kafka.KafkaLog, name)
@@ -103,19 +117,8 @@ def _task_hooks(path: str) -> None:
     """Wrap the task worker's poll and its result sends with events."""
     from runstream.topics import tasklog
 
-    out = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process's life
-
-    def emit(ev: str, **kw: Any) -> None:
-        out.write(json.dumps({"t": time.time() * 1000, "ev": ev, **kw}) + "\n")
-
-    if os.environ.get("RUNSTREAM_KAFKA_DEBUG"):  # librdkafka's own lines, as the engine's
-        config = tasklog.client_config
-
-        def unlogged(*a: Any, **kw: Any) -> dict[str, Any]:
-            return {k: v for k, v in config(*a, **kw).items() if k != "logger"}
-
-        tasklog.client_config = unlogged  # type: ignore[assignment]
-
+    emit = _emitter(path)
+    _unlogged(tasklog)
     poll, send = tasklog.TaskLog.poll, tasklog.TaskLog.send
 
     def traced_poll(self: tasklog.TaskLog, timeout: float, limit: int) -> list[Any]:
@@ -222,7 +225,8 @@ def _remote_breakdown(run: dict[str, Any], engine: list[dict[str, Any]], tasks: 
     rid, t0, done = run["run"], run["t0"], run["done"]
     txns = [e for e in engine if e["ev"] == "txn" and rid in e["runs"] and t0 <= e["t"] <= done]
     polls = [e for e in engine if e["ev"] == "poll" and rid in e["keys"] and t0 <= e["t"] <= done]
-    took = [e for e in tasks if e["ev"] == "task_poll" and t0 <= e["t"] <= done]
+    took = [e for e in tasks if e["ev"] == "task_poll" and rid in e["keys"]]
+    took = [e for e in took if t0 <= e["t"] <= done]
     sent = [e for e in tasks if e["ev"] == "result_send" and e["key"] == rid]
     sent = [e for e in sent if t0 <= e["t"] <= done]
     names = ("task", "body", "result", "decide2", "commit2")
@@ -235,7 +239,7 @@ def _remote_breakdown(run: dict[str, Any], engine: list[dict[str, Any]], tasks: 
         )
         fetched = next(
             (e for e in took if before["t0"] <= e["t"] <= (send or after)["t"]), None
-        )  # the worker's poll that returned this run's task (one run in flight)
+        )  # the worker's poll that returned this run's task
         if send is None or polled is None or fetched is None:
             run["missing"] = True
             return

@@ -47,6 +47,41 @@ def test_breakdown_marks_a_run_whose_command_was_not_seen() -> None:
     assert run["hops"] == {"send": 1.0}
 
 
+def test_remote_breakdown_splits_each_remote_step_into_its_hops() -> None:
+    """W8: two transactions of the run, the task polled and its result sent by the task
+    worker between them, the result polled by the engine; another run's events ignored."""
+    run: dict[str, Any] = {"run": "r1", "t0": 1000.0, "done": 1100.0, "hops": {}}
+    engine = [
+        {"t": 1010.0, "t0": 1005.0, "ev": "txn", "runs": ["r1"]},
+        {"t": 1030.0, "t0": 1029.0, "ev": "poll", "keys": ["r1"]},
+        {"t": 1034.0, "t0": 1032.0, "ev": "txn", "runs": ["r1"]},
+        {"t": 1020.0, "t0": 1019.0, "ev": "poll", "keys": ["other"]},
+    ]
+    tasks = [
+        {"t": 1012.0, "ev": "task_poll", "keys": ["other"]},
+        {"t": 1015.0, "ev": "task_poll", "keys": ["r1"]},
+        {"t": 1017.0, "ev": "result_send", "key": "r1"},
+        {"t": 1016.0, "ev": "result_send", "key": "other"},
+    ]
+
+    trace._remote_breakdown(run, engine, tasks)
+
+    assert run["hops"] == {"task": 5.0, "body": 2.0, "result": 13.0, "decide2": 2.0, "commit2": 2.0}
+    assert "missing" not in run
+
+
+def test_remote_breakdown_marks_a_step_whose_result_was_not_seen() -> None:
+    run: dict[str, Any] = {"run": "r1", "t0": 1000.0, "done": 1100.0, "hops": {}}
+    engine = [
+        {"t": 1010.0, "t0": 1005.0, "ev": "txn", "runs": ["r1"]},
+        {"t": 1034.0, "t0": 1032.0, "ev": "txn", "runs": ["r1"]},
+    ]
+
+    trace._remote_breakdown(run, engine, [{"t": 1015.0, "ev": "task_poll", "keys": ["r1"]}])
+
+    assert run["missing"] is True
+
+
 class FakeReadings(brokerstats.BrokerStats):
     """BrokerStats whose JMX readings are given, one per call."""
 
