@@ -296,6 +296,36 @@ def test_group_status_reports_exactly_the_offsets_the_group_committed(kafka_boot
     assert {p.partition: p.committed for p in status.partitions} == {0: 3, 1: None, 2: 1, 3: None}
 
 
+def test_group_status_answers_while_an_open_transaction_holds_offsets_of_the_group(
+    kafka_bootstrap, ns
+):
+    """An engine's transaction that sent offsets of the group and has not ended yet: the
+    status reports the offsets committed before it, and does not wait for it to end (a
+    read asking for stable offsets would wait out its whole timeout and fail)."""
+    ensure_topics(kafka_bootstrap, ns, PARTITIONS, task_groups=[PAY])
+    topic = Topics(ns).tasks(PAY)
+    config = client_config(kafka_bootstrap)
+    member = Consumer({**config, "group.id": topic, "enable.auto.commit": False})
+    producer = Producer({**config, "transactional.id": f"{ns}.open"})
+    try:
+        member.commit(offsets=[TopicPartition(topic, 0, 1)], asynchronous=False)
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.produce(topic, task("p0", PAY), b"p0", partition=0)
+        producer.send_offsets_to_transaction(
+            [TopicPartition(topic, 0, 4)], member.consumer_group_metadata(), 30
+        )
+
+        status = group_status(config, topic, topic, timeout=5)
+
+        assert {p.partition: p.committed for p in status.partitions}[0] == 1
+        producer.commit_transaction(30)
+        status = group_status(config, topic, topic, timeout=5)
+        assert {p.partition: p.committed for p in status.partitions}[0] == 4
+    finally:
+        member.close()
+
+
 def test_a_namespace_without_task_groups_says_so(kafka_bootstrap, ns):
     ensure_topics(kafka_bootstrap, ns, PARTITIONS)
     out = invoke(kafka_bootstrap, ns)
