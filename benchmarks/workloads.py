@@ -442,7 +442,7 @@ def _round_trip(
         lc = Lifecycle(bench.bootstrap, ns, tag.encode())
         try:
             with engines(bench, ns, rep), runstream.Client(ns, bench.bootstrap) as client:
-                lat, engine_ms, wrong = [], [], 0
+                lat, engine_ms, each, wrong = [], [], [], 0
                 for i in range(warmup + runs):
                     rid = client.start(workflow.split(":")[0], None, run_id=f"{tag}{i}")
                     if not lc.wait_run("suspended", rid, 30):
@@ -456,12 +456,14 @@ def _round_trip(
                     wrong += out != i
                     if i >= warmup:
                         lat.append(dt)
+                        each.append(_each(sent_ms, dt))
                         lc.wait_run("terminal", rid, 10)
                         if rid in lc.terminal:
                             engine_ms.append(lc.terminal[rid][1]["at_ms"] - sent_ms)
                 rep["round_trip_ms"] = latency_stats(lat)
                 rep[f"{what}_to_completed_fact_ms"] = latency_stats(engine_ms)
                 rep["wrong_results"] = wrong
+                rep["runs_ms"] = each
         finally:
             lc.stop()
         log(
@@ -1128,8 +1130,9 @@ def remote_processes(bench: Bench, ns: str, rep: dict[str, Any]) -> Iterator[Eng
 def _w1_latency(client: runstream.Client, warmup: int, runs: int) -> dict[str, Any]:
     """W1 (and W8-W1): sequential runs of ``w1``, from before start() until result()
     returned."""
-    lat, wrong = [], 0
+    lat, each, wrong = [], [], 0
     for i in range(warmup + runs):
+        at_ms = time.time() * 1000
         t0 = time.perf_counter()
         rid = client.start("w1", 1)
         out = client.result(rid, timeout=60)
@@ -1137,7 +1140,14 @@ def _w1_latency(client: runstream.Client, warmup: int, runs: int) -> dict[str, A
         wrong += out != 4
         if i >= warmup:
             lat.append(dt)
-    return {"latency_ms": latency_stats(lat), "wrong_results": wrong}
+            each.append(_each(at_ms, dt))
+    return {"latency_ms": latency_stats(lat), "wrong_results": wrong, "runs_ms": each}
+
+
+def _each(at_ms: float, dt: float) -> list[float]:
+    """One run as kept in the JSON: its wall-clock start (epoch ms, to match the engine's
+    log and the broker's) and its latency, so a slow run can be located afterwards."""
+    return [round(at_ms), round(dt, 2)]
 
 
 def _local_figures() -> dict[str, Any]:
@@ -1278,18 +1288,21 @@ def w10(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
                 rid = client.start("counter", None, run_id=f"w10-{r}")
                 if not lc.wait_run("suspended", rid, 30):
                     raise BenchError(f"run {rid} never suspended on its signal wait")
-                lat, wrong = [], 0
+                lat, each, wrong = [], [], 0
                 for i in range(warmup + runs):
+                    at_ms = time.time() * 1000
                     t0 = time.perf_counter()
                     out = client.update(rid, "add", 1, timeout=60)
                     dt = (time.perf_counter() - t0) * 1000
                     wrong += out != i + 1
                     if i >= warmup:
                         lat.append(dt)
+                        each.append(_each(at_ms, dt))
                 client.signal(rid, "stop")
                 wrong += client.result(rid, timeout=60) != warmup + runs
                 rep["round_trip_ms"] = latency_stats(lat)
                 rep["wrong_results"] = wrong
+                rep["runs_ms"] = each
         finally:
             lc.stop()
         log(
