@@ -456,7 +456,7 @@ def _round_trip(
                     wrong += out != i
                     if i >= warmup:
                         lat.append(dt)
-                        each.append(_each(sent_ms, dt))
+                        each.append(_timed_run(sent_ms, dt))
                         lc.wait_run("terminal", rid, 10)
                         if rid in lc.terminal:
                             engine_ms.append(lc.terminal[rid][1]["at_ms"] - sent_ms)
@@ -1140,11 +1140,11 @@ def _w1_latency(client: runstream.Client, warmup: int, runs: int) -> dict[str, A
         wrong += out != 4
         if i >= warmup:
             lat.append(dt)
-            each.append(_each(at_ms, dt))
+            each.append(_timed_run(at_ms, dt))
     return {"latency_ms": latency_stats(lat), "wrong_results": wrong, "runs_ms": each}
 
 
-def _each(at_ms: float, dt: float) -> list[float]:
+def _timed_run(at_ms: float, dt: float) -> list[float]:
     """One run as kept in the JSON: its wall-clock start (epoch ms, to match the engine's
     log and the broker's) and its latency, so a slow run can be located afterwards."""
     return [round(at_ms), round(dt, 2)]
@@ -1297,7 +1297,7 @@ def w10(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
                     wrong += out != i + 1
                     if i >= warmup:
                         lat.append(dt)
-                        each.append(_each(at_ms, dt))
+                        each.append(_timed_run(at_ms, dt))
                 client.signal(rid, "stop")
                 wrong += client.result(rid, timeout=60) != warmup + runs
                 rep["round_trip_ms"] = latency_stats(lat)
