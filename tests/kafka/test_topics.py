@@ -71,6 +71,9 @@ def test_ensure_topics_is_idempotent(kafka_bootstrap: str, ns: str) -> None:
         compacted = r["name"] in (t.state, t.blobs)  # snapshots; content-addressed chunks
         assert r["configs"]["cleanup.policy"] == ("compact" if compacted else "delete")
         assert r["configs"]["min.insync.replicas"] == "1"  # broker default: RF is 1
+        # small index files (the broker's default is 10 MiB: slow first writes)
+        assert r["configs"]["segment.index.bytes"] == str(256 * 1024), r["name"]
+        assert r["configs"]["index.interval.bytes"] == str(16 * 1024), r["name"]
     assert rows[t.journal]["family"] == "journal"
     assert rows[t.tasks("payments")]["family"] == "tasks"
     assert rows[t.journal]["configs"]["retention.ms"] == "-1"

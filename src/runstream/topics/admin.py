@@ -45,6 +45,8 @@ REPORTED_CONFIGS = (
     "retention.bytes",
     "min.insync.replicas",
     "max.message.bytes",
+    "segment.index.bytes",
+    "index.interval.bytes",
 )
 
 

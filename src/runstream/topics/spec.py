@@ -85,6 +85,16 @@ _FAMILY_CONFIGS: dict[str, tuple[str, dict[str, str]]] = {
     "blobs": ("sha256/chunk", {"cleanup.policy": "compact", "retention.ms": "-1"}),
 }
 
+# Every topic: small index files. Kafka preallocates a new segment's offset and time index
+# at segment.index.bytes (default 10 MiB, sparse) and memory-maps them; the first write
+# faults the mapping in, reading ahead over it: 3 ms per file on a disk with an 8 MiB
+# readahead, on a request handler thread, and the broker stalled 35-60 ms at each
+# transaction marker while a new namespace's partitions wrote their first index entries
+# (W1's 40 ms mode, benchmarks/README.md). 256 KiB costs 0.1 ms. An entry every 16 KiB
+# of log (default 4 KiB) keeps a segment rolling at about 340 MiB (time index full), not
+# sooner; a fetch scans at most 16 KiB past the entry it looks up.
+_EVERY_TOPIC = {"segment.index.bytes": str(256 * 1024), "index.interval.bytes": str(16 * 1024)}
+
 # Kafka topic names: [a-zA-Z0-9._-], at most 249 characters.
 _LEGAL = re.compile(r"[A-Za-z0-9._-]+")
 _MAX_NAME = 249
@@ -205,8 +215,8 @@ def topic_specs(
     names += [("tasks", topics.tasks(group)) for group in task_groups]
     specs = []
     for family, name in names:
-        key, configs = _FAMILY_CONFIGS[family]
-        configs = dict(configs)
+        key, family_configs = _FAMILY_CONFIGS[family]
+        configs = {**_EVERY_TOPIC, **family_configs}
         if replication > 1:
             # One replica may be down without blocking writes; two must have each record.
             configs["min.insync.replicas"] = str(min(replication - 1, 2))
