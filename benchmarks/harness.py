@@ -39,7 +39,7 @@ import runstream
 from runstream.dev import localkafka
 from runstream.engine.partitioner import partition_for
 from runstream.schemas.codec import Codec
-from runstream.topics.admin import client_config, ensure_topics
+from runstream.topics.admin import client_config, consume_ready, ensure_topics
 
 from .brokerstats import BrokerStats, jvm_options
 
@@ -773,7 +773,9 @@ class TopicWatcher(threading.Thread):
     def run(self) -> None:
         try:
             while not self._halt.is_set():
-                msgs = self.consumer.consume(1000, 0.05)
+                # Not consume(1000, 0.05): it waits out the 50 ms for a full batch, which
+                # held every completion back until then and paced W2's client by it.
+                msgs = consume_ready(self.consumer, 0.05, 1000)
                 now, wall_ms = time.perf_counter(), time.time() * 1000
                 for msg in msgs:
                     if msg.error() is not None:

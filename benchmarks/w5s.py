@@ -24,7 +24,7 @@ from confluent_kafka.admin import (
 
 import runstream
 from runstream.projections.snapshot import Image
-from runstream.topics.admin import client_config
+from runstream.topics.admin import client_config, consume_ready
 
 from .harness import PARTITIONS, Bench, Engine, base_record, finish_record, fmt_spread, log, spread
 from .workloads import FACTS_PER_W1_RUN, _new_rep, _record_common, _settings, engines, throughput
@@ -172,7 +172,7 @@ def _images(bootstrap: str, ns: str) -> dict[int, _Counted]:
         consumer.assign([TopicPartition(f"{ns}.state", p, 0) for p in range(PARTITIONS)])
         images, at_end = {p: _Counted() for p in range(PARTITIONS)}, set()
         while len(at_end) < PARTITIONS:
-            for msg in consumer.consume(10_000, 1.0):
+            for msg in consume_ready(consumer, 1.0, 10_000):
                 if msg.error() is None:
                     images[msg.partition()].add(msg.key(), msg.value())
                     images[msg.partition()].records += 1

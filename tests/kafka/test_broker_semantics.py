@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from runstream.engine.partitioner import partition_for
 from runstream.settings import Settings
-from runstream.topics.admin import client_config
+from runstream.topics.admin import client_config, consume_ready
 
 pytestmark = pytest.mark.kafka
 
@@ -127,6 +127,39 @@ def test_send_offsets_to_transaction_moves_offset_only_on_commit(kafka_bootstrap
         assert committed() == 3
     finally:
         consumer.close()
+
+
+def test_consume_waits_out_its_timeout_for_a_full_batch_and_consume_ready_does_not(
+    kafka_bootstrap, kafka_admin, ns
+):
+    """Why every read goes through `consume_ready`: librdkafka's ``consume(n, timeout)``
+    returns the three records already fetched only once the timeout has passed (it
+    fills the batch), so a reader that loops on it holds each record back that long."""
+    topic = f"{ns}.ready"
+    create_topics(kafka_admin, [topic])
+    plain = Producer(client_config(kafka_bootstrap))
+    for i in range(3):
+        plain.produce(topic, f"r{i}".encode())
+    assert plain.flush(30) == 0
+
+    def reader() -> Consumer:
+        consumer = Consumer({**client_config(kafka_bootstrap), "group.id": f"{ns}-r"})
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        assert consumer.poll(30) is not None  # fetched: the rest is in its queue too
+        consumer.seek(TopicPartition(topic, 0, 1))
+        return consumer
+
+    batch, ready = reader(), reader()
+    try:
+        began = time.monotonic()
+        got = [m.value() for m in batch.consume(500, 3.0)]
+        assert got == [b"r1", b"r2"] and time.monotonic() - began >= 2.9
+        began = time.monotonic()
+        got = [m.value() for m in consume_ready(ready, 30.0, 500)]
+        assert got[0] == b"r1" and time.monotonic() - began < 15  # not its 30 s
+    finally:
+        batch.close()
+        ready.close()
 
 
 def test_murmur2_random_puts_a_key_in_the_same_partition_of_every_topic(

@@ -1,4 +1,5 @@
-"""Create, describe and check a namespace's topics (Kafka AdminClient).
+"""Create, describe and check a namespace's topics (Kafka AdminClient), and what every
+Kafka client of the package shares: its configuration, its errors, `consume_ready`.
 
 The partition count of a namespace is fixed when its topics are created: ``commands``
 and ``journal`` must keep equal counts, and adding partitions later would move run
@@ -12,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicCollection
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicCollection
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from runstream.errors import KafkaNotAuthorized, KafkaUnavailable, TopicError
@@ -67,6 +68,15 @@ _REFUSED = (
     KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     KafkaError.CLUSTER_AUTHORIZATION_FAILED,
 )
+
+
+def consume_ready(consumer: Consumer, timeout: float, limit: int = 500) -> list[Message]:
+    """Wait up to ``timeout`` for one message, then take what else is already there.
+    Every read goes through this: ``consume(n, timeout)`` alone waits out the whole
+    timeout unless n messages come (librdkafka fills the batch), which held each record
+    back by up to that timeout (`tests/kafka/test_broker_semantics.py`)."""
+    first = consumer.poll(timeout)
+    return [] if first is None else [first, *consumer.consume(limit - 1, 0)]
 
 
 def check_authorized(config: Config, what: str, err: KafkaError | None) -> None:

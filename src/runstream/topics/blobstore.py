@@ -23,7 +23,13 @@ from runstream.engine import blobs
 from runstream.engine.blobs import MemoryBlobs, Ref
 from runstream.errors import BlobUnavailable, CommandNotDelivered
 from runstream.settings import Settings
-from runstream.topics.admin import Config, client_config, ensure_topics, partition_count
+from runstream.topics.admin import (
+    Config,
+    client_config,
+    consume_ready,
+    ensure_topics,
+    partition_count,
+)
 from runstream.topics.spec import Topics
 
 log = logging.getLogger("runstream.blobs")
@@ -145,7 +151,7 @@ class KafkaBlobs:
                     f"{what} is not found on {self.topic} [{p}] {why}: "
                     f"{len(parts)} of its chunks read"
                 )
-            for msg in consumer.consume(500, 0.2):
+            for msg in consume_ready(consumer, 0.2, 500):
                 err = msg.error()
                 if err is None:
                     at_end = None

@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient
 
 from runstream.engine.work import LogRecord
 from runstream.errors import KafkaFatal, KafkaUnavailable
-from runstream.topics.admin import Config, transient, wait_for_cluster
+from runstream.topics.admin import Config, consume_ready, transient, wait_for_cluster
 from runstream.topics.kafka import as_record
 from runstream.topics.logs import last_error
 
@@ -129,7 +129,7 @@ class PartitionReader:
         try:
             while follow or len(at_end) < len(start):
                 records = []
-                for msg in self._consumer.consume(batch, wait):
+                for msg in consume_ready(self._consumer, wait, batch):
                     err, p = msg.error(), msg.partition() or 0
                     if err is None:
                         records.append(as_record(msg))

@@ -31,7 +31,13 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from runstream.errors import KafkaFatal, TopicError
-from runstream.topics.admin import Config, refused, unavailable, wait_for_cluster
+from runstream.topics.admin import (
+    Config,
+    consume_ready,
+    refused,
+    unavailable,
+    wait_for_cluster,
+)
 
 __all__ = [
     "GroupStatus",
@@ -272,7 +278,7 @@ def _first_timestamps(
                     f"reading {topic} from the group's offsets found neither a record nor the "
                     f"end of partitions {sorted(set(start) - done)} within {timeout:g}s"
                 )
-            for msg in consumer.consume(len(start), 0.5):
+            for msg in consume_ready(consumer, 0.5, len(start)):
                 p, err = msg.partition() or 0, msg.error()
                 if p in done:
                     continue

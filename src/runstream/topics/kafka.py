@@ -50,6 +50,7 @@ from runstream.topics.admin import (
     check_authorized,
     check_copartitioned,
     client_config,
+    consume_ready,
     ensure_topics,
     max_record_bytes,
     partition_count,
@@ -233,13 +234,6 @@ def known_ends(topic: str, ends: dict[int, int]) -> dict[int, int]:
         why = f"{topic}: no end offset for partitions {missing} (a leader moving?)"
         raise KafkaException(KafkaError(KafkaError.LEADER_NOT_AVAILABLE, why, retriable=True))
     return ends
-
-
-def consume_ready(consumer: Consumer, timeout: float, limit: int = 500) -> list[Message]:
-    """Wait up to ``timeout`` for one message, then take what else is already there.
-    (``consume(n, timeout)`` alone would wait the whole timeout for n messages.)"""
-    first = consumer.poll(timeout)
-    return [] if first is None else [first, *consumer.consume(limit - 1, 0)]
 
 
 def consume_records(consumer: Consumer, timeout: float, limit: int, what: str) -> list[LogRecord]:
@@ -974,7 +968,7 @@ def read_to_end(
         read_to: dict[int, int] = {}  # each partition's next offset: a reset reads again
         idle_since = time.monotonic()
         while len(at_end) < len(parts):
-            msgs = consumer.consume(batch, 0.5)
+            msgs = consume_ready(consumer, 0.5, batch)
             if not msgs:
                 if time.monotonic() - idle_since > idle_timeout:
                     raise TimeoutError(f"no record nor end of {topic} for {idle_timeout:g}s")
