@@ -133,8 +133,8 @@ def test_consume_waits_out_its_timeout_for_a_full_batch_and_consume_ready_does_n
     kafka_bootstrap, kafka_admin, ns
 ):
     """Why every read goes through `consume_ready`: librdkafka's ``consume(n, timeout)``
-    returns the three records already fetched only once the timeout has passed (it
-    fills the batch), so a reader that loops on it holds each record back that long."""
+    returns records it has already fetched only once the timeout has passed (it fills
+    the batch), so a reader that loops on it holds each record back that long."""
     topic = f"{ns}.ready"
     create_topics(kafka_admin, [topic])
     plain = Producer(client_config(kafka_bootstrap))
