@@ -78,6 +78,14 @@ def now_iso() -> str:
 # ----------------------------------------------------------------- the command line
 
 
+def shown(path: str | Path) -> str:
+    """``path`` as a report shows it: relative to the repository when it is in it or
+    beside it (``.venv/bin/python``, ``../shared/peers``), so a report names no one
+    machine's layout; anything else (a --work or --runstream-root) as given."""
+    p = Path(path)
+    return os.path.relpath(p, ROOT) if p.is_absolute() and p.is_relative_to(ROOT.parent) else str(p)
+
+
 def default_peers() -> Path:
     """``../shared/peers`` beside the repository; in a git worktree, beside the main
     checkout when it is not beside the worktree."""
@@ -360,13 +368,13 @@ def run_leg(
     took = round(time.monotonic() - t0, 1)
     log(f"{label}: exit code {rc} after {took} s")
     return {
-        "command": " ".join(shlex.quote(c) for c in cmd),
-        "cwd": str(cwd),
+        "command": " ".join(shlex.quote(c) for c in [shown(cmd[0]), *cmd[1:]]),
+        "cwd": shown(cwd),
         "started": began,
         "duration_s": took,
         "exit_code": rc,
         "timed_out": timed_out,
-        "log": str(log_path.relative_to(ROOT)) if log_path.is_relative_to(ROOT) else str(log_path),
+        "log": shown(log_path),
     }
 
 
@@ -1403,7 +1411,7 @@ def main(argv: list[str] | None = None) -> int:
             "repeat": args.repeat,
             "runs": args.runs,
             "warmup_seconds": args.warmup_seconds,
-            "peers": str(args.peers),
+            "peers": shown(args.peers),
             "work": {s: str(args.work / f"peer-{s}") for s in systems if s != "runstream"},
             "restate_args": args.restate_args,
             "runstream_args": args.runstream_args,

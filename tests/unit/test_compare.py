@@ -184,3 +184,12 @@ def test_systems_is_another_name_for_only_and_temporal_is_a_system() -> None:
     args = compare.parser().parse_args(["--systems", "runstream,temporal"])
     assert args.only == "runstream,temporal"
     assert compare.PORTS["temporal"] == (7233,)
+
+
+def test_a_report_shows_paths_in_and_beside_the_repository_relative_to_it() -> None:
+    root = compare.ROOT
+    assert compare.shown(root / ".venv" / "bin" / "python") == ".venv/bin/python"
+    assert compare.shown(root.parent / "shared" / "peers") == "../shared/peers"
+    assert compare.shown(root) == "."
+    assert compare.shown("bash") == "bash"
+    assert compare.shown("/proc/peer-restate") == "/proc/peer-restate"  # a --work elsewhere
