@@ -93,7 +93,7 @@ _FAMILY_CONFIGS: dict[str, tuple[str, dict[str, str]]] = {
 # (W1's 40 ms mode, benchmarks/README.md). 256 KiB costs 0.1 ms. An entry every 16 KiB
 # of log (default 4 KiB) keeps a segment rolling at about 340 MiB (time index full), not
 # sooner; a fetch scans at most 16 KiB past the entry it looks up.
-_EVERY_TOPIC = {"segment.index.bytes": str(256 * 1024), "index.interval.bytes": str(16 * 1024)}
+EVERY_TOPIC = {"segment.index.bytes": str(256 * 1024), "index.interval.bytes": str(16 * 1024)}
 
 # Kafka topic names: [a-zA-Z0-9._-], at most 249 characters.
 _LEGAL = re.compile(r"[A-Za-z0-9._-]+")
@@ -216,7 +216,7 @@ def topic_specs(
     specs = []
     for family, name in names:
         key, family_configs = _FAMILY_CONFIGS[family]
-        configs = {**_EVERY_TOPIC, **family_configs}
+        configs = {**EVERY_TOPIC, **family_configs}
         if replication > 1:
             # One replica may be down without blocking writes; two must have each record.
             configs["min.insync.replicas"] = str(min(replication - 1, 2))
