@@ -610,6 +610,7 @@ def runstream_figures(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "floor_txn_p99": dig(fl, "summary", "txn_commit_ms", "p99", "median"),
         "floor_hop_p50": dig(fl, "summary", "hop_ms", "p50", "median"),
         "floor_txns_per_s": dig(fl, "summary", "batch_txns_per_s", "median"),
+        "floor_round_trip_p50": dig(fl, "summary", "round_trip_ms", "p50", "median"),
     }
     out = {k: {"main": v} for k, v in f.items() if v is not None}
     if engine is not None:
@@ -995,6 +996,14 @@ FIGURES = (
     Figure("floor_txn_p99", "Kafka floor: txn commit p99", "ms", "lower", 2, ratio=False),
     Figure("floor_hop_p50", "Kafka floor: produce→consume hop p50", "ms", "lower", 2, ratio=False),
     Figure("floor_txns_per_s", "Kafka floor: 64-record txns", "txns/s", "higher", 0, ratio=False),
+    Figure(
+        "floor_round_trip_p50",
+        "Kafka floor: W3's round trip, no engine, p50",
+        "ms",
+        "lower",
+        2,
+        ratio=False,
+    ),
 )
 
 

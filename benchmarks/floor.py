@@ -6,10 +6,16 @@ runstream code on the measured path (the harness only starts the broker).
   to the partition receives it. From before produce() until poll() returned it.
 * batched transactions: sequential transactions of ``batch`` records each, spread over a
   12-partition topic (as the engine's batches touch many partitions); records/s, txns/s.
+* round trip: W3's shape with no engine. A client produces a command and waits for its
+  reply; a processor process consumes the command (read_committed, a group member) and in
+  one transaction (of two producers taking turns, as the engine's) writes a journal, a
+  lifecycle and a reply record, sends the consumed offset with the group's metadata
+  (KIP-447) and commits. From before the command's produce until its reply was polled.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 import uuid
@@ -17,6 +23,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+
+from runstream.topics.spec import EVERY_TOPIC
 
 from .harness import (
     PARTITIONS,
@@ -55,7 +63,10 @@ def _conf(bootstrap: str) -> dict[str, Any]:
 def _topic(bootstrap: str, partitions: int) -> str:
     name = f"bench-floor-{uuid.uuid4().hex[:8]}"
     admin = AdminClient(_conf(bootstrap))
-    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(timeout=30)
+    # Runstream's own topic configs (small index files: see `topics.spec`), so the floor
+    # does not pay a stall its topics would not.
+    topic = NewTopic(name, partitions, 1, config=dict(EVERY_TOPIC))
+    admin.create_topics([topic])[name].result(timeout=30)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         md = admin.list_topics(name, timeout=10).topics.get(name)
@@ -139,6 +150,82 @@ def batched(bootstrap: str, txns: int, batch: int) -> dict[str, float]:
     }
 
 
+def _round_trip_processor(
+    bootstrap: str, topics: dict[str, str], ready: Any, stop: Any
+) -> None:  # pragma: no cover - runs in its own process
+    """The processor of `round_trip`: what the engine does for one command, bare."""
+    c = Consumer(
+        {
+            **_conf(bootstrap),
+            **CONSUMER,
+            "group.id": f"bench-floor-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 50,  # as the engine's consumer
+        }
+    )
+    producers = [_producer(bootstrap), _producer(bootstrap)]
+    c.subscribe([topics["commands"]], on_assign=lambda _c, _parts: ready.set())
+    try:
+        while not stop.is_set():
+            msg = c.poll(0.1)
+            if msg is None or msg.error() is not None:
+                continue
+            producers.reverse()  # take turns, as the engine's two producers do
+            p, part = producers[0], msg.partition()
+            p.begin_transaction()
+            p.produce(topics["journal"], VALUE, msg.key(), partition=part)
+            p.produce(topics["lifecycle"], VALUE, msg.key(), partition=part)
+            p.produce(topics["replies"], VALUE[:60], msg.key(), partition=part)
+            offset = TopicPartition(topics["commands"], part, msg.offset() + 1)
+            p.send_offsets_to_transaction([offset], c.consumer_group_metadata(), 30)
+            p.commit_transaction(30)
+    finally:
+        c.close()
+
+
+def round_trip(bootstrap: str, n: int, warmup: int) -> list[float]:
+    topics = {
+        t: _topic(bootstrap, PARTITIONS) for t in ("commands", "journal", "lifecycle", "replies")
+    }
+    mp = multiprocessing.get_context("spawn")  # librdkafka's threads do not survive a fork
+    ready, stop = mp.Event(), mp.Event()
+    proc = mp.Process(target=_round_trip_processor, args=(bootstrap, topics, ready, stop))
+    proc.start()
+    client = Producer({**_conf(bootstrap), "enable.idempotence": True, "linger.ms": 0})
+    replies = Consumer(
+        {**_conf(bootstrap), **CONSUMER, "group.id": f"bench-floor-{uuid.uuid4().hex}"}
+    )
+    try:
+        if not ready.wait(60):
+            raise RuntimeError("round trip: the processor was not assigned within 60 s")
+        ends = []
+        for p in range(PARTITIONS):
+            _, high = replies.get_watermark_offsets(TopicPartition(topics["replies"], p), 30)
+            ends.append(TopicPartition(topics["replies"], p, high))
+        replies.assign(ends)
+        out = []
+        for i in range(warmup + n):
+            key = f"rt-{i}".encode()
+            t0 = time.perf_counter()
+            client.produce(topics["commands"], VALUE, key)
+            client.flush(30)
+            while True:
+                msg = replies.poll(10)
+                if msg is None:
+                    raise RuntimeError(f"round trip {i}: no reply within 10 s")
+                if msg.error() is None and msg.key() == key:
+                    break
+            if i >= warmup:
+                out.append((time.perf_counter() - t0) * 1000)
+        return out
+    finally:
+        stop.set()
+        replies.close()
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+
+
 def floor(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str]:
     n = args.runs or 500
     warmup = 20 if args.warmup is None else args.warmup
@@ -164,6 +251,7 @@ def floor(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str
             rep["txn_commit_ms"] = latency_stats(txn_commit(bench.bootstrap, n, warmup))
             rep["hop_ms"] = latency_stats(hop(bench.bootstrap, n, warmup))
             rep["batched"] = batched(bench.bootstrap, txns, batch)
+            rep["round_trip_ms"] = latency_stats(round_trip(bench.bootstrap, n, warmup))
         except KafkaException as exc:
             rep["error"] = str(exc)
             raise
@@ -172,7 +260,8 @@ def floor(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str
             reps.append(rep)
         log(
             f"floor repeat {r + 1}: txn p50 {rep['txn_commit_ms']['p50']:.2f} ms, hop p50 "
-            f"{rep['hop_ms']['p50']:.2f} ms, {rep['batched']['txns_per_s']} txns/s"
+            f"{rep['hop_ms']['p50']:.2f} ms, {rep['batched']['txns_per_s']} txns/s, "
+            f"round trip p50 {rep['round_trip_ms']['p50']:.2f} ms"
         )
     record["repeats"] = reps
     summary = {
@@ -180,6 +269,7 @@ def floor(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str
         "hop_ms": {k: spread(r["hop_ms"][k] for r in reps) for k in ("p50", "p99")},
         "batch_txns_per_s": spread(r["batched"]["txns_per_s"] for r in reps),
         "batch_records_per_s": spread(r["batched"]["records_per_s"] for r in reps),
+        "round_trip_ms": {k: spread(r["round_trip_ms"][k] for r in reps) for k in ("p50", "p99")},
     }
     record["summary"] = summary
     record["peak_rss_mb"] = {"broker": max(r["peak_rss_mb"].get("broker", 0) for r in reps)}
@@ -190,6 +280,8 @@ def floor(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str
         f"{fmt_spread(summary['hop_ms']['p50'], ' ms', 2)}, p99 "
         f"{fmt_spread(summary['hop_ms']['p99'], ' ms', 2)}; {batch}-record txns "
         f"{fmt_spread(summary['batch_txns_per_s'], ' txns/s')}, "
-        f"{fmt_spread(summary['batch_records_per_s'], ' records/s', 0)}; x {args.repeat}"
+        f"{fmt_spread(summary['batch_records_per_s'], ' records/s', 0)}; round trip p50 "
+        f"{fmt_spread(summary['round_trip_ms']['p50'], ' ms', 2)}, p99 "
+        f"{fmt_spread(summary['round_trip_ms']['p99'], ' ms', 2)}; x {args.repeat}"
     )
     return record, line

@@ -475,11 +475,25 @@ def _round_trip(
         k: spread(rep["round_trip_ms"][k] for rep in reps) for k in ("p50", "p90", "p99", "mean")
     }
     record["summary"] = {"round_trip_ms": summary}
+    floor = floor_figures()
+    bare = floor["summary"].get("round_trip_ms") if floor is not None else None
+    p50 = summary["p50"]["median"] if summary["p50"] else None
+    if floor is not None and bare and p50:
+        record["floor_ratio"] = {
+            "definition": f"{name} p50 / floor round trip p50 (the same hops and transaction "
+            "with no engine: a command consumed, a journal, a lifecycle and a reply record "
+            "and the consumed offset committed in one transaction, the reply read)",
+            "floor_round_trip_p50_ms": bare["p50"]["median"],
+            "ratio": round(p50 / bare["p50"]["median"], 2),
+            "floor_date": floor["date"],
+        }
     record = finish_record(record)
     line = (
         f"{name}: {what} round trip p50 {fmt_spread(summary['p50'], ' ms')}, "
         f"p99 {fmt_spread(summary['p99'], ' ms')}; {runs} runs x {args.repeat}"
     )
+    if "floor_ratio" in record:
+        line += f"; {record['floor_ratio']['ratio']}x floor round trip p50"
     return record, line
 
 

@@ -51,6 +51,14 @@ def test_runstream_figures_read_cpu_per_1000_runs_and_recovery_cost() -> None:
     assert f["W4_recovery_s"] == {"main": 4.843}
 
 
+def test_runstream_figures_read_the_floor_round_trip_of_w3s_shape() -> None:
+    data = fixture("runstream")
+    median = {"p50": {"median": 4.79}, "p99": {"median": 18.3}}
+    data["floor"] = {"summary": {"round_trip_ms": median}}
+    assert compare.runstream_figures(data)["floor_round_trip_p50"] == {"main": 4.79}
+    assert "floor_round_trip_p50" not in compare.runstream_figures(fixture("runstream"))
+
+
 def test_restate_cpu_is_server_plus_service_per_1000_runs_median_over_reps() -> None:
     f, _ = compare.restate_figures(fixture("restate"))
     # (4.0 + 2.0) / 2000 and (4.4 + 2.4) / 2000 per 1,000 runs: 3.0 and 3.4
