@@ -27,6 +27,7 @@ from runstream.errors import BlobUnavailable
 from runstream.schemas.records import (
     END_FACTS,
     RUN_PERMIT_SEQ,
+    UPDATE_SEQ_BASE,
     BatchStarted,
     ChildEnded,
     ChildStarted,
@@ -65,6 +66,7 @@ from runstream.schemas.records import (
     ScheduleChanged,
     ScheduleFired,
     ScheduleSet,
+    SeqFact,
     SignalAwaited,
     SignalBuffered,
     SignalReceived,
@@ -231,7 +233,7 @@ def _run(state: RunState, fact: Fact) -> None:
             _settle(state, fact)
             state.promises[fact.seq] = fact
         case PromiseCompleted():  # its one outcome, kept for the awaits (not a settle)
-            state.resolved[fact.seq] = fact
+            _resolve(state, fact)
             state.promises.pop(fact.seq, None)
         case RunEventSet():  # settled: a replay does not set it again
             _settle(state, fact)
@@ -341,9 +343,18 @@ def _settle(
 ) -> None:
     state.pending.pop(fact.seq, None)
     state.beats.pop(fact.seq, None)
-    state.resolved[fact.seq] = fact
+    _resolve(state, fact)
     if state.paused is not None:
         state.settled_paused.add(fact.seq)
+
+
+def _resolve(state: RunState, fact: SeqFact) -> None:
+    """``fact`` settles its seq; `RunState.top_seq` and `handler_seqs` follow."""
+    state.resolved[fact.seq] = fact
+    if fact.seq >= UPDATE_SEQ_BASE:
+        state.handler_seqs.add(fact.seq)
+    elif state.top_seq is None or fact.seq > state.top_seq:
+        state.top_seq = fact.seq
 
 
 def _reopen(state: RunState, fact: RunRetried) -> None:
@@ -359,6 +370,9 @@ def _reopen(state: RunState, fact: RunRetried) -> None:
         failed = state.resolved.pop(seq)
         assert isinstance(failed, StepFailed)
         state.pending[seq] = replace(failed, retry_at_ms=fact.at_ms)
+        state.handler_seqs.discard(seq)
+    if state.top_seq in fact.seqs:  # rare: a walk of the history, once per retry
+        state.top_seq = max((s for s in state.resolved if s < UPDATE_SEQ_BASE), default=None)
 
 
 #: How many recent event ids a correlation entity remembers to count a retried publish once.

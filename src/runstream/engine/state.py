@@ -95,6 +95,11 @@ class RunState:
     parent_seq: int | None = None  # where the parent awaits this run's end
     ended_at_ms: int | None = None
     resolved: dict[int, SeqFact] = field(default_factory=dict)
+    # Kept by the reducer beside ``resolved``, so a decision need not walk the history
+    # (`rules.context.settled`): its largest workflow seq (None: none), and the update
+    # handlers' seqs in it (from `UPDATE_SEQ_BASE`).
+    top_seq: int | None = None
+    handler_seqs: set[int] = field(default_factory=set)
     pending: dict[int, SeqFact] = field(default_factory=dict)
     signals: list[SignalBuffered] = field(default_factory=list)  # buffered, not yet consumed
     signal_ids: set[str] = field(default_factory=set)  # every signal id seen: dedupe
@@ -148,6 +153,7 @@ class RunState:
         return replace(
             self,
             resolved=dict(self.resolved),
+            handler_seqs=set(self.handler_seqs),
             pending=dict(self.pending),
             signals=list(self.signals),
             signal_ids=set(self.signal_ids),

@@ -1,0 +1,133 @@
+"""`rules.context.settled`: what an earlier activation of a run's code saw settle, read
+once per decision. It must not walk the run's history (W9: a run of 5,000 sequential
+steps spent half its CPU there, quadratic in its length), and it must give what the rule
+says: the seqs settled before this batch and still settled, none settled while paused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runstream.engine.reducer import apply
+from runstream.engine.rules.context import settled
+from runstream.engine.state import RunState
+from runstream.engine.work import Batch
+from runstream.engine.workflow_context import Settled
+from runstream.schemas.records import (
+    UPDATE_SEQ_BASE,
+    Fact,
+    PromiseCompleted,
+    PromiseCreated,
+    RunPaused,
+    RunRetried,
+    RunStarted,
+    RunUnpaused,
+    StepCompleted,
+    StepFailed,
+    StepStarted,
+)
+
+RUN = "r"
+
+
+def started() -> RunState:
+    return apply(RunState(RUN), RunStarted(RUN, 0, workflow="w", version="1", input=b"null"))
+
+
+def step(state: RunState, seq: int, fail: bool = False) -> None:
+    apply(state, StepStarted(RUN, 1, seq=seq, name="s", attempt=1))
+    done: Fact = (
+        StepFailed(RUN, 2, seq=seq, name="s", attempt=1, error="no", traceback="")
+        if fail
+        else StepCompleted(RUN, 2, seq=seq, name="s", output=b"1", attempt=1, duration_ms=0)
+    )
+    apply(state, done)
+
+
+def by_the_rule(before: RunState, st: RunState) -> Settled:
+    """The rule, walking the whole history."""
+    seen = [s for s in before.resolved if s in st.resolved and s not in before.settled_paused]
+    return Settled(
+        max((s for s in seen if s < UPDATE_SEQ_BASE), default=0),
+        frozenset(s for s in seen if s >= UPDATE_SEQ_BASE),
+    )
+
+
+def batch_over(before: RunState) -> tuple[Batch, RunState]:
+    b = Batch(lambda _p, _run: before, now=10)
+    st = b.state(0, RUN)
+    assert isinstance(st, RunState)
+    return b, st
+
+
+class Unwalkable(dict[int, Any]):
+    """A history that may be looked up but not walked."""
+
+    def __iter__(self) -> Any:
+        raise AssertionError("settled() walked the run's history")
+
+    def keys(self) -> Any:
+        raise AssertionError("settled() walked the run's history")
+
+    def items(self) -> Any:
+        raise AssertionError("settled() walked the run's history")
+
+    def values(self) -> Any:
+        raise AssertionError("settled() walked the run's history")
+
+
+def test_settled_of_a_long_history_walks_none_of_it() -> None:
+    st = started()
+    for seq in range(1, 5001):
+        step(st, seq)
+    st.resolved = Unwalkable(st.resolved)
+    empty = Batch(lambda _p, _run: st, now=10)  # the run is not in it: before is st
+    assert settled(empty, st) == Settled(5000)
+
+
+def test_settled_leaves_out_a_step_this_batch_reopened() -> None:
+    before = started()
+    for seq in (1, 2, 3):
+        step(before, seq)
+    step(before, 4, fail=True)
+    b, st = batch_over(before)
+    apply(st, RunRetried(RUN, 5, seqs=[4]))
+    assert settled(b, st) == by_the_rule(before, st) == Settled(3)
+
+
+def test_a_reopened_top_step_is_no_longer_the_top_in_later_batches() -> None:
+    before = started()
+    for seq in (1, 2, 3):
+        step(before, seq)
+    step(before, 4, fail=True)
+    apply(before, RunRetried(RUN, 5, seqs=[4]))  # an earlier batch reopened it
+    b, st = batch_over(before)
+    assert settled(b, st) == by_the_rule(before, st) == Settled(3)
+
+
+def test_settled_leaves_out_what_settled_while_paused() -> None:
+    before = started()
+    step(before, 1)
+    apply(before, RunPaused(RUN, 3, reason="", by="me"))
+    step(before, 2)
+    b, st = batch_over(before)
+    apply(st, RunUnpaused(RUN, 4, reason="", by="me"))
+    assert settled(b, st) == by_the_rule(before, st) == Settled(1)
+
+
+def test_settled_names_the_update_handlers_seqs_and_a_promise_outcome() -> None:
+    before = started()
+    step(before, 1)
+    handler = UPDATE_SEQ_BASE + 3
+    step(before, handler)
+    apply(before, PromiseCreated(RUN, 5, seq=2, promise_id=f"{RUN}/promise/2"))
+    apply(before, PromiseCompleted(RUN, 6, seq=2, value=b"1"))
+    b, st = batch_over(before)
+    step(st, 3)  # settled in this batch: not seen before
+    assert settled(b, st) == by_the_rule(before, st) == Settled(2, frozenset({handler}))
+
+
+def test_a_run_whose_only_settled_seq_is_negative_keeps_it() -> None:
+    before = started()
+    step(before, -5)
+    b, st = batch_over(before)
+    assert settled(b, st) == by_the_rule(before, st) == Settled(-5)
