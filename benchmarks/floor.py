@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
@@ -105,24 +106,36 @@ def hop(bootstrap: str, n: int, warmup: int) -> list[float]:
     try:
         _, high = c.get_watermark_offsets(TopicPartition(topic, 0), 30)
         c.assign([TopicPartition(topic, 0, high)])
-        out = []
-        for i in range(warmup + n):
-            key = str(i).encode()
-            t0 = time.perf_counter()
+
+        def send(key: bytes) -> None:
             p.begin_transaction()
             p.produce(topic, VALUE, key, partition=0)
             p.commit_transaction(30)
-            while True:
-                msg = c.poll(10)
-                if msg is None:
-                    raise RuntimeError(f"hop {i}: record not consumed within 10 s")
-                if msg.error() is None and msg.key() == key:
-                    break
-            if i >= warmup:
-                out.append((time.perf_counter() - t0) * 1000)
-        return out
+
+        return _timed_trips("hop", send, c, n, warmup)
     finally:
         c.close()
+
+
+def _timed_trips(
+    what: str, send: Callable[[bytes], None], c: Consumer, n: int, warmup: int
+) -> list[float]:
+    """ms from before ``send(key)`` until ``c`` polled a record with that key, for each of
+    ``warmup + n`` keys in turn; the first ``warmup`` are not kept."""
+    out = []
+    for i in range(warmup + n):
+        key = f"{what}-{i}".encode()
+        t0 = time.perf_counter()
+        send(key)
+        while True:
+            msg = c.poll(10)
+            if msg is None:
+                raise RuntimeError(f"{what} {i}: no record with its key within 10 s")
+            if msg.error() is None and msg.key() == key:
+                break
+        if i >= warmup:
+            out.append((time.perf_counter() - t0) * 1000)
+    return out
 
 
 def batched(bootstrap: str, txns: int, batch: int) -> dict[str, float]:
@@ -150,10 +163,9 @@ def batched(bootstrap: str, txns: int, batch: int) -> dict[str, float]:
     }
 
 
-def _round_trip_processor(
-    bootstrap: str, topics: dict[str, str], ready: Any, stop: Any
-) -> None:  # pragma: no cover - runs in its own process
-    """The processor of `round_trip`: what the engine does for one command, bare."""
+def _round_trip_processor(bootstrap: str, topics: dict[str, str], ready: Any, stop: Any) -> None:
+    """The processor of `round_trip`, in its own process: what the engine does for one
+    command, bare."""
     c = Consumer(
         {
             **_conf(bootstrap),
@@ -203,21 +215,12 @@ def round_trip(bootstrap: str, n: int, warmup: int) -> list[float]:
             _, high = replies.get_watermark_offsets(TopicPartition(topics["replies"], p), 30)
             ends.append(TopicPartition(topics["replies"], p, high))
         replies.assign(ends)
-        out = []
-        for i in range(warmup + n):
-            key = f"rt-{i}".encode()
-            t0 = time.perf_counter()
+
+        def send(key: bytes) -> None:
             client.produce(topics["commands"], VALUE, key)
             client.flush(30)
-            while True:
-                msg = replies.poll(10)
-                if msg is None:
-                    raise RuntimeError(f"round trip {i}: no reply within 10 s")
-                if msg.error() is None and msg.key() == key:
-                    break
-            if i >= warmup:
-                out.append((time.perf_counter() - t0) * 1000)
-        return out
+
+        return _timed_trips("round trip", send, replies, n, warmup)
     finally:
         stop.set()
         replies.close()
