@@ -131,3 +131,33 @@ def test_a_run_whose_only_settled_seq_is_negative_keeps_it() -> None:
     step(before, -5)
     b, st = batch_over(before)
     assert settled(b, st) == by_the_rule(before, st) == Settled(-5)
+
+
+def test_a_state_rebuilt_from_its_facts_after_a_takeover_settles_as_the_live_one() -> None:
+    """A new owner (a crash, a handover, a snapshot) rebuilds the run from its journal
+    with the reducer: what it keeps beside the history comes back the same."""
+    facts: list[Fact] = []
+    live = started()
+    facts.append(RunStarted(RUN, 0, workflow="w", version="1", input=b"null"))
+
+    def record(fact: Fact) -> None:
+        facts.append(fact)
+        apply(live, fact)
+
+    for seq in (1, 2):
+        record(StepStarted(RUN, 1, seq=seq, name="s", attempt=1))
+        record(StepCompleted(RUN, 2, seq=seq, name="s", output=b"1", attempt=1, duration_ms=0))
+    handler = UPDATE_SEQ_BASE + 1
+    record(StepStarted(RUN, 3, seq=handler, name="s", attempt=1))
+    record(StepFailed(RUN, 4, seq=handler, name="s", attempt=1, error="no", traceback=""))
+    record(StepStarted(RUN, 3, seq=3, name="s", attempt=1))
+    record(StepFailed(RUN, 4, seq=3, name="s", attempt=1, error="no", traceback=""))
+    record(RunRetried(RUN, 5, seqs=[3, handler]))  # reopens the top step and the handler's
+    rebuilt = RunState(RUN)
+    for fact in facts:
+        apply(rebuilt, fact)
+    assert (
+        (rebuilt.top_seq, rebuilt.handler_seqs) == (live.top_seq, live.handler_seqs) == (2, set())
+    )
+    for st in (live, rebuilt):
+        assert settled(Batch(lambda _p, _run, st=st: st, now=10), st) == Settled(2)
