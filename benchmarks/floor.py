@@ -11,6 +11,11 @@ runstream code on the measured path (the harness only starts the broker).
   one transaction (of two producers taking turns, as the engine's) writes a journal, a
   lifecycle and a reply record, sends the consumed offset with the group's metadata
   (KIP-447) and commits. From before the command's produce until its reply was polled.
+* round trip, position in the journal: the same, but the consumed offset travels as a
+  header of the journal record instead of `send_offsets_to_transaction` (no
+  AddOffsetsToTxn or TxnOffsetCommit): the ceiling of keeping the offsets out of the
+  engine's commits, a design whose zombie fence is not built (the group's generation
+  check that fences a zombie owner comes with the offsets).
 """
 
 from __future__ import annotations
@@ -163,9 +168,11 @@ def batched(bootstrap: str, txns: int, batch: int) -> dict[str, float]:
     }
 
 
-def _round_trip_processor(bootstrap: str, topics: dict[str, str], ready: Any, stop: Any) -> None:
+def _round_trip_processor(
+    bootstrap: str, topics: dict[str, str], offsets: bool, ready: Any, stop: Any
+) -> None:
     """The processor of `round_trip`, in its own process: what the engine does for one
-    command, bare."""
+    command, bare; without ``offsets`` the position goes in the journal record's header."""
     c = Consumer(
         {
             **_conf(bootstrap),
@@ -184,24 +191,27 @@ def _round_trip_processor(bootstrap: str, topics: dict[str, str], ready: Any, st
                 continue
             producers.reverse()  # take turns, as the engine's two producers do
             p, part = producers[0], msg.partition()
+            position = msg.offset() + 1
             p.begin_transaction()
-            p.produce(topics["journal"], VALUE, msg.key(), partition=part)
+            headers = None if offsets else [("position", str(position).encode())]
+            p.produce(topics["journal"], VALUE, msg.key(), partition=part, headers=headers)
             p.produce(topics["lifecycle"], VALUE, msg.key(), partition=part)
             p.produce(topics["replies"], VALUE[:60], msg.key(), partition=part)
-            offset = TopicPartition(topics["commands"], part, msg.offset() + 1)
-            p.send_offsets_to_transaction([offset], c.consumer_group_metadata(), 30)
+            if offsets:
+                offset = TopicPartition(topics["commands"], part, position)
+                p.send_offsets_to_transaction([offset], c.consumer_group_metadata(), 30)
             p.commit_transaction(30)
     finally:
         c.close()
 
 
-def round_trip(bootstrap: str, n: int, warmup: int) -> list[float]:
+def round_trip(bootstrap: str, n: int, warmup: int, offsets: bool = True) -> list[float]:
     topics = {
         t: _topic(bootstrap, PARTITIONS) for t in ("commands", "journal", "lifecycle", "replies")
     }
     mp = multiprocessing.get_context("spawn")  # librdkafka's threads do not survive a fork
     ready, stop = mp.Event(), mp.Event()
-    proc = mp.Process(target=_round_trip_processor, args=(bootstrap, topics, ready, stop))
+    proc = mp.Process(target=_round_trip_processor, args=(bootstrap, topics, offsets, ready, stop))
     proc.start()
     client = Producer({**_conf(bootstrap), "enable.idempotence": True, "linger.ms": 0})
     replies = Consumer(
@@ -220,7 +230,13 @@ def round_trip(bootstrap: str, n: int, warmup: int) -> list[float]:
             client.produce(topics["commands"], VALUE, key)
             client.flush(30)
 
-        return _timed_trips("round trip", send, replies, n, warmup)
+        return _timed_trips(
+            "round trip" if offsets else "round trip, position in the journal",
+            send,
+            replies,
+            n,
+            warmup,
+        )
     finally:
         stop.set()
         replies.close()
@@ -255,6 +271,9 @@ def floor(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str
             rep["hop_ms"] = latency_stats(hop(bench.bootstrap, n, warmup))
             rep["batched"] = batched(bench.bootstrap, txns, batch)
             rep["round_trip_ms"] = latency_stats(round_trip(bench.bootstrap, n, warmup))
+            rep["round_trip_journal_position_ms"] = latency_stats(
+                round_trip(bench.bootstrap, n, warmup, offsets=False)
+            )
         except KafkaException as exc:
             rep["error"] = str(exc)
             raise
@@ -264,7 +283,8 @@ def floor(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str
         log(
             f"floor repeat {r + 1}: txn p50 {rep['txn_commit_ms']['p50']:.2f} ms, hop p50 "
             f"{rep['hop_ms']['p50']:.2f} ms, {rep['batched']['txns_per_s']} txns/s, "
-            f"round trip p50 {rep['round_trip_ms']['p50']:.2f} ms"
+            f"round trip p50 {rep['round_trip_ms']['p50']:.2f} ms, position in the journal "
+            f"{rep['round_trip_journal_position_ms']['p50']:.2f} ms"
         )
     record["repeats"] = reps
     summary = {
@@ -273,6 +293,9 @@ def floor(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str
         "batch_txns_per_s": spread(r["batched"]["txns_per_s"] for r in reps),
         "batch_records_per_s": spread(r["batched"]["records_per_s"] for r in reps),
         "round_trip_ms": {k: spread(r["round_trip_ms"][k] for r in reps) for k in ("p50", "p99")},
+        "round_trip_journal_position_ms": {
+            k: spread(r["round_trip_journal_position_ms"][k] for r in reps) for k in ("p50", "p99")
+        },
     }
     record["summary"] = summary
     record["peak_rss_mb"] = {"broker": max(r["peak_rss_mb"].get("broker", 0) for r in reps)}
@@ -285,6 +308,8 @@ def floor(bench: Bench, args: Any, argv: list[str]) -> tuple[dict[str, Any], str
         f"{fmt_spread(summary['batch_txns_per_s'], ' txns/s')}, "
         f"{fmt_spread(summary['batch_records_per_s'], ' records/s', 0)}; round trip p50 "
         f"{fmt_spread(summary['round_trip_ms']['p50'], ' ms', 2)}, p99 "
-        f"{fmt_spread(summary['round_trip_ms']['p99'], ' ms', 2)}; x {args.repeat}"
+        f"{fmt_spread(summary['round_trip_ms']['p99'], ' ms', 2)}; position in the journal "
+        f"p50 {fmt_spread(summary['round_trip_journal_position_ms']['p50'], ' ms', 2)}; "
+        f"x {args.repeat}"
     )
     return record, line

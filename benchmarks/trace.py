@@ -1,4 +1,4 @@
-"""Where the time of one W1 or W3 run goes: ``python -m benchmarks.trace [W1|W3] [flags]``.
+"""Where the time of one W1 or W3 run goes: ``python -m benchmarks.trace [W1|W3|W3b] [flags]``.
 
 Runs one engine process with hooks around its Kafka calls (nothing is added to the
 engine's code: the hooks wrap methods from outside, in this tool's process only), drives
@@ -173,6 +173,8 @@ def _listen(events: list[tuple[float, str, int]]) -> None:
 
 def _drive(workload: str, client: Any, lc: Any, runs: int, warmup: int) -> Iterator[dict[str, Any]]:
     """Sequential runs; per run its client-side times (ms, wall)."""
+    from runstream.schemas.records import promise_id
+
     for i in range(warmup + runs):
         if workload in ("W1", "W8"):
             t0 = time.time() * 1000
@@ -180,11 +182,15 @@ def _drive(workload: str, client: Any, lc: Any, runs: int, warmup: int) -> Itera
             sent = time.time() * 1000
             client.result(rid, timeout=60)
         else:
-            rid = client.start("wait_signal", None, run_id=f"trace-{time.time_ns()}")
+            flow = "wait_promise" if workload == "W3b" else "wait_signal"
+            rid = client.start(flow, None, run_id=f"trace-{time.time_ns()}")
             if not lc.wait_run("suspended", rid, 30):
                 raise RuntimeError(f"run {rid} never suspended")
             t0 = time.time() * 1000
-            client.signal(rid, "go", i)
+            if workload == "W3b":
+                client.resolve(promise_id(rid, 1), i)  # wait_promise's first operation
+            else:
+                client.signal(rid, "go", i)
             sent = time.time() * 1000
             client.result(rid, timeout=60)
         if i >= warmup:
@@ -267,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         tasks_main(argv[1:])
         return 0
     p = argparse.ArgumentParser(prog="python -m benchmarks.trace", description=__doc__)
-    p.add_argument("workload", nargs="?", choices=("W1", "W3", "W8"), default="W1")
+    p.add_argument("workload", nargs="?", choices=("W1", "W3", "W3b", "W8"), default="W1")
     p.add_argument("--runs", type=int, default=300)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--bootstrap", default=None, help="an existing broker (default: a local one)")
