@@ -257,6 +257,30 @@ def test_update_with_start_starts_the_run_and_updates_it_in_one_decision():
     clean(c, "r")
 
 
+@pytest.mark.parametrize("reply_to", ["me", None])
+def test_update_with_start_whose_update_is_refused_starts_the_run_whether_or_not_a_caller_waits(
+    reply_to: str | None,
+) -> None:
+    """The validator refuses the update (30 > 10); the run starts all the same, answered
+    or not: a foreign producer's update-with-start (no reply_to) is refused to the
+    dead-letter topic, and the start it carried still holds."""
+    c = core()
+    uws = Update("r", "withdraw", update_id="u1", arg=b"30", reply_to=reply_to,
+                 start_workflow="account", start_input=b"10")  # fmt: skip
+    b = c.command(uws)
+    assert c.state("r").exists and c.names("r")[:2] == ["RunStarted", "SignalAwaited"]
+    assert "UpdateAccepted" not in c.names("r")
+    if reply_to is None:
+        (letter,) = b.effects.dead_letters
+        assert letter.code == Reason.UPDATE_REFUSED and "insufficient funds" in letter.reason
+        assert letter.run_id == "r" and letter.offset >= 0  # it points at the command
+    else:
+        assert answers(b)[0].stage == UpdateStage.REJECTED and not b.effects.dead_letters
+    c.command(uws)  # again: the run exists, the update is refused again, nothing starts
+    assert c.names("r").count("RunStarted") == 1
+    clean(c, "r")
+
+
 def test_caps_on_updates_in_flight_and_in_a_history_are_checked_in_the_decision():
     c = core(Limits(updates_in_flight=1, updates_per_history=2))
     c.auto_run_steps = False
@@ -435,3 +459,4 @@ def test_an_update_to_a_paused_run_is_refused_with_why_and_taken_after_the_unpau
     stages = [a.stage for a in update(c, "r", "withdraw", 30)]
     assert stages == [UpdateStage.ACCEPTED, UpdateStage.COMPLETED] and paid == {30: 1}
     clean(c, "r")
+

@@ -222,7 +222,8 @@ class Decider:
             if size is not None and isinstance(st, RunState):
                 self._history_warning(b, st, *size)
         except Rejected as exc:
-            st = self._undo(b, run_id, mark)
+            if not exc.keep:
+                st = self._undo(b, run_id, mark)
             reason = self.limits.clip(exc.reason)
             self._dead_letter(b, cause, exc.code, reason, run_id, p)
             if isinstance(cmd, StartRun) and isinstance(st, RunState) and not st.exists:
@@ -257,12 +258,17 @@ class Decider:
         text UTF-8 cannot carry (a lone surrogate) in it refuses it, so that what a user or
         a foreign producer sent never makes the shell fail. Free texts are cleaned before
         (`Limits.clip`); this catches the ids and names a workflow made of such text."""
+        kept: Rejected | None = None
         try:
             decision(st)
         except UnicodeEncodeError as exc:  # such an id checked (its size in UTF-8, ...)
             text = f"{exc.object!r:.300}" if isinstance(exc.object, str) else "a text"
             why = f"{text} holds text UTF-8 cannot carry (a lone surrogate)"
             raise Rejected(Reason.UNENCODABLE, f"the decision cannot be recorded: {why}") from exc
+        except Rejected as exc:
+            if not exc.keep:
+                raise
+            kept = exc  # what it did stands: encoded and checked as any decision's
         try:
             size, kind = b.effects.encode(self.codec.encode)
         except SchemaError as exc:
@@ -274,6 +280,8 @@ class Decider:
                 f"most {self.limits.record:,} (the largest Kafka record, "
                 f"{self.limits.max_record:,}, less its framing)",
             )
+        if kept is not None:
+            raise kept
 
     def _undo(self, b: Batch, run_id: str, mark: tuple[int, ...]) -> State:
         """Drop the effects since ``mark``, and rebuild the working copy of the run and of

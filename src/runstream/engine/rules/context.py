@@ -18,11 +18,13 @@ Activation = Callable[[str], AbstractContextManager[None]]
 
 
 class Rejected(Exception):
-    """A command the engine refuses: it goes to the dead-letter topic with ``code``."""
+    """A command the engine refuses: it goes to the dead-letter topic with ``code``.
+    Its decision's effects are undone, unless ``keep``: what the command did before the
+    refusal stands (an update-with-start's start, when its update is refused)."""
 
-    def __init__(self, code: Reason, reason: str) -> None:
+    def __init__(self, code: Reason, reason: str, *, keep: bool = False) -> None:
         super().__init__(reason)
-        self.code, self.reason = code, reason
+        self.code, self.reason, self.keep = code, reason, keep
 
 
 class Rules:

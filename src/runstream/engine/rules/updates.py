@@ -45,7 +45,8 @@ from runstream.schemas.records import (
 
 def update(ctx: Rules, b: Batch, st: RunState, cmd: Update) -> None:
     """Answer a duplicate from the history, refuse what cannot run, validate, accept."""
-    if cmd.start_workflow is not None and not st.exists:  # update-with-start
+    started = cmd.start_workflow is not None and not st.exists  # update-with-start
+    if started:
         start = StartRun(
             st.run_id,
             cmd.start_workflow,
@@ -69,17 +70,18 @@ def update(ctx: Rules, b: Batch, st: RunState, cmd: Update) -> None:
         return
     refused = _cannot_take(ctx, st)
     if refused is not None:
-        _refuse(b, st, cmd, *refused)
+        _refuse(b, st, cmd, *refused, started)
         return
     wf = ctx.registry.get(st.workflow, st.version)
     if wf is None:
-        _refuse(b, st, cmd, UpdateCode.NOT_RUNNING, f"run {st.run_id!r}: its code is not here")
+        why = f"run {st.run_id!r}: its code is not here"
+        _refuse(b, st, cmd, UpdateCode.NOT_RUNNING, why, started)
         return
     guard = lambda: ctx.activation(st.run_id)  # noqa: E731
     with ctx.replayer.context(wf, st, b.now, guard, settled(b, st)) as live:
         verdict = _validate(ctx, st, cmd, live)
     if isinstance(verdict, tuple):
-        _refuse(b, st, cmd, *verdict)
+        _refuse(b, st, cmd, *verdict, started)
         return
     accepted = UpdateAccepted(
         st.run_id,
@@ -222,11 +224,15 @@ def _reply(
     b.effects.replies.append((reply_to, answer))
 
 
-def _refuse(b: Batch, st: RunState, cmd: Update, code: UpdateCode, why: str) -> None:
+def _refuse(
+    b: Batch, st: RunState, cmd: Update, code: UpdateCode, why: str, started: bool = False
+) -> None:
     """Refuse the update with no fact: its caller is told; an update nobody waits for
-    goes to the dead-letter topic, so a refusal is never silent."""
+    goes to the dead-letter topic, so a refusal is never silent. The run it ``started``
+    (update-with-start) stays started either way."""
     if cmd.reply_to is None:
-        raise Rejected(Reason.UPDATE_REFUSED, f"update {cmd.update_id!r} ({code}): {why}")
+        reason = f"update {cmd.update_id!r} ({code}): {why}"
+        raise Rejected(Reason.UPDATE_REFUSED, reason, keep=started)
     answer = UpdateReply(
         cmd.request_id,
         cmd.update_id,
