@@ -460,3 +460,42 @@ def test_an_update_to_a_paused_run_is_refused_with_why_and_taken_after_the_unpau
     assert stages == [UpdateStage.ACCEPTED, UpdateStage.COMPLETED] and paid == {30: 1}
     clean(c, "r")
 
+
+undone: list[str] = []
+
+
+def book(x: str) -> str:
+    return x
+
+
+def unbook(x: str) -> None:
+    undone.append(x)
+
+
+async def booking(ctx: Any, _: Any) -> None:
+    async def extra(x: str) -> str:
+        return await ctx.step(book, x, compensate=unbook)
+
+    ctx.update_handler("extra", extra)
+    await ctx.wait_for_signal("a")
+    await ctx.step(book, "workflow's, later", compensate=unbook)
+    await ctx.wait_for_signal("b")
+
+
+@pytest.mark.parametrize("restored", [False, True])
+def test_compensations_undo_a_handlers_step_and_the_workflows_last_completed_first(restored):
+    """A handler's step takes a seq above every workflow step's, yet completed first:
+    it is undone last, on a live state and on one a new owner rebuilt from the journal."""
+    undone.clear()
+    reg = Registry()
+    reg.add_workflow(workflow_def(booking))
+    c = Core(reg)
+    c.start("r", "booking")
+    update(c, "r", "extra", "handler's, first")
+    c.signal("r", "a", 1)
+    if restored:
+        c.recover("r")
+    c.cancel("r", compensate=True)
+    assert undone == ["workflow's, later", "handler's, first"]
+    assert c.state("r").status == "cancelled"
+    clean(c, "r")

@@ -74,7 +74,8 @@ class RunState:
     """Everything the engine knows about one run.
 
     ``resolved`` maps a sequence number to the fact that settled it (StepCompleted,
-    a final StepFailed, TimerFired, SignalReceived, SignalTimedOut, ValueRecorded);
+    a final StepFailed, TimerFired, SignalReceived, SignalTimedOut, ValueRecorded), in
+    the order they settled (the compensations' order, `rules.core.compensate`);
     ``pending`` maps it to the fact of an operation still open (StepStarted, a
     StepFailed awaiting its retry, a StepHandedOver awaiting its restart, TimerScheduled,
     SignalAwaited). A promise's seq is resolved by its PromiseCreated, then by its
