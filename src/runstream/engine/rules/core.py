@@ -233,7 +233,8 @@ def compensate(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int] = fr
     if in_flight(st):
         return
     completed = {seq: i for i, seq in enumerate(st.resolved)}
-    for c in sorted(compensations(ctx, b, st), key=lambda c: completed.get(c.seq, -1), reverse=True):
+    undos = sorted(compensations(ctx, b, st), key=lambda c: completed.get(c.seq, -1))
+    for c in reversed(undos):
         if -c.seq not in st.resolved:
             steps.run_step(ctx, b, st, -c.seq, c.step, c.args, relaunch)
             return

@@ -45,11 +45,12 @@ from runstream.schemas.records import (
 
 def update(ctx: Rules, b: Batch, st: RunState, cmd: Update) -> None:
     """Answer a duplicate from the history, refuse what cannot run, validate, accept."""
-    started = cmd.start_workflow is not None and not st.exists  # update-with-start
-    if started:
+    workflow = None if st.exists else cmd.start_workflow  # update-with-start
+    started = workflow is not None
+    if workflow is not None:
         start = StartRun(
             st.run_id,
-            cmd.start_workflow,
+            workflow,
             input=cmd.start_input if cmd.start_input is not None else b"null",
             version=cmd.start_version,
             tags=dict(cmd.start_tags),
