@@ -118,9 +118,11 @@ class Shell:
         self.offsets = [0] * partitions
         self.last: Delivered | None = None  # the latest command delivered
         # (run, seq, run attempt) of each step an outbound interceptor saw settle live
-        # (not replaying): while deciding a batch, then once it commits.
-        self.seen: list[tuple[str, int, int]] = []
-        self.settled: list[tuple[str, int, int]] = []
+        # (not replaying), and (run, "execute" or "update <id>", run attempt) of each start
+        # of a run's code or of a handler an inbound one saw live: while deciding a batch,
+        # then once it commits.
+        self.seen: list[tuple[str, int | str, int]] = []
+        self.settled: list[tuple[str, int | str, int]] = []
 
     def _decider(self) -> Decider:
         return Decider(

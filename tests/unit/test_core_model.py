@@ -50,7 +50,14 @@ from runstream.errors import (
     QueryTimeout,
     SignalTimeout,
 )
-from runstream.interceptors import Interceptor, StepInput, WorkflowOutbound
+from runstream.interceptors import (
+    ExecuteInput,
+    Interceptor,
+    StepInput,
+    UpdateInput,
+    WorkflowInbound,
+    WorkflowOutbound,
+)
 from runstream.schemas.records import (
     TERMINAL,
     Cancel,
@@ -108,9 +115,30 @@ EXCLUDE = frozenset(filter(None, os.environ.get("RUNSTREAM_MODEL_EXCLUDE", "").s
 
 class Witness(Interceptor):
     """An outbound step link telling the current example's shell each step it sees
-    settle live (`witness_problems`)."""
+    settle live, and inbound links telling it each start of a run's code and of an
+    update's handler they see live (`witness_problems`)."""
 
     shell: Shell | None = None
+
+    def workflow_inbound(self, next: WorkflowInbound) -> WorkflowInbound:
+        witness = self
+
+        class In(WorkflowInbound):
+            async def execute(self, input: ExecuteInput) -> Any:
+                if not input.is_replaying:
+                    witness.began(input.run_id, "execute", input.run_attempt)
+                return await self.next.execute(input)
+
+            async def update(self, input: UpdateInput) -> Any:
+                if not input.is_replaying:
+                    witness.began(input.run_id, f"update {input.update_id}", input.run_attempt)
+                return await self.next.update(input)
+
+        return In(next)
+
+    def began(self, run_id: str, what: str, attempt: int) -> None:
+        if self.shell is not None:
+            self.shell.seen.append((run_id, what, attempt))
 
     def workflow_outbound(self, next: WorkflowOutbound) -> WorkflowOutbound:
         witness = self
@@ -629,10 +657,11 @@ def told(problems: list[str]) -> str:
 
 
 def witness_problems(shell: Shell, at_rest: bool = False) -> list[str]:
-    """An outbound step interceptor sees each step settle live (``is_replaying`` False)
-    once per run attempt in what committed, whatever the restores, handovers, cache
-    misses and redone decisions; at rest, every step of a completed run was seen."""
-    out = [f"seen settling live {n} times: {k}" for k, n in Counter(shell.settled).items() if n > 1]
+    """An outbound step interceptor sees each step settle live (``is_replaying`` False),
+    and inbound ones each run's code and each update's handler start live, once per run
+    attempt in what committed, whatever the restores, handovers, cache misses and redone
+    decisions; at rest, every step of a completed run was seen."""
+    out = [f"seen live {n} times: {k}" for k, n in Counter(shell.settled).items() if n > 1]
     if at_rest:
         seen = set(shell.settled)
         for run_id, facts in shell.by_run.items():

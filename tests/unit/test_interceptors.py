@@ -223,6 +223,30 @@ def test_is_replaying_is_true_only_for_what_an_earlier_activation_settled() -> N
     assert activations[0] is False and True in activations
 
 
+@pytest.mark.parametrize("restored", [False, True])
+def test_a_runs_start_and_a_handlers_start_are_live_once_though_nothing_settled_yet(
+    restored: bool,
+) -> None:
+    """The run's code and an update's handler each began in an earlier decision and wait
+    on a step still running: the next activation (after a cache miss, or by a new owner
+    from the journal) replays their starts. Nothing of theirs settled before it."""
+    log: list[tuple[str, str, bool]] = []
+    core = Core(registry(Recorder("a", log)))
+    core.auto_run_steps = False
+    start(core, "r", "counter", 1)  # waits for "stop"
+    core.command(Update("r", "add", update_id="u1", arg=payload.dumps(2), reply_to="c"))
+    start(core, "s", "saga", 3)  # its first step is running
+    for run_id in ("r", "s"):
+        core.decider.forget([run_id])  # a cache miss, or a new owner: no coroutine cached
+        mark = len(log)
+        if restored:
+            core.recover(run_id)  # as after a crash: the journal folded, the run recovered
+        core.run_step(next(j for j in core.queued if j.run_id == run_id))  # a replay
+        assert next(r for _, what, r in log[mark:] if what == "activate") is True
+    assert [r for _, what, r in log if what == "execute"].count(False) == 2  # r's, s's
+    assert [r for _, what, r in log if what == "update add"] == [False, True]
+
+
 def test_a_restart_replays_what_the_journal_holds() -> None:
     log: list[tuple[str, str, bool]] = []
     core = Core(registry(Recorder("a", log)))

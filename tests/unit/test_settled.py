@@ -24,6 +24,7 @@ from runstream.schemas.records import (
     StepCompleted,
     StepFailed,
     StepStarted,
+    UpdateAccepted,
 )
 
 RUN = "r"
@@ -49,6 +50,8 @@ def by_the_rule(before: RunState, st: RunState) -> Settled:
     return Settled(
         max((s for s in seen if s < UPDATE_SEQ_BASE), default=0),
         frozenset(s for s in seen if s >= UPDATE_SEQ_BASE),
+        began=bool(before.resolved) or bool(before.pending),
+        accepted=frozenset(before.updates),
     )
 
 
@@ -81,7 +84,7 @@ def test_settled_of_a_long_history_walks_none_of_it() -> None:
         step(st, seq)
     st.resolved = Unwalkable(st.resolved)
     empty = Batch(lambda _p, _run: st, now=10)  # the run is not in it: before is st
-    assert settled(empty, st) == Settled(5000)
+    assert settled(empty, st) == Settled(5000, began=True)
 
 
 def test_settled_leaves_out_a_step_this_batch_reopened() -> None:
@@ -91,7 +94,7 @@ def test_settled_leaves_out_a_step_this_batch_reopened() -> None:
     step(before, 4, fail=True)
     b, st = batch_over(before)
     apply(st, RunRetried(RUN, 5, seqs=[4]))
-    assert settled(b, st) == by_the_rule(before, st) == Settled(3)
+    assert settled(b, st) == by_the_rule(before, st) == Settled(3, began=True)
 
 
 def test_a_reopened_top_step_is_no_longer_the_top_in_later_batches() -> None:
@@ -101,7 +104,7 @@ def test_a_reopened_top_step_is_no_longer_the_top_in_later_batches() -> None:
     step(before, 4, fail=True)
     apply(before, RunRetried(RUN, 5, seqs=[4]))  # an earlier batch reopened it
     b, st = batch_over(before)
-    assert settled(b, st) == by_the_rule(before, st) == Settled(3)
+    assert settled(b, st) == by_the_rule(before, st) == Settled(3, began=True)
 
 
 def test_settled_leaves_out_what_settled_while_paused() -> None:
@@ -111,7 +114,7 @@ def test_settled_leaves_out_what_settled_while_paused() -> None:
     step(before, 2)
     b, st = batch_over(before)
     apply(st, RunUnpaused(RUN, 4, reason="", by="me"))
-    assert settled(b, st) == by_the_rule(before, st) == Settled(1)
+    assert settled(b, st) == by_the_rule(before, st) == Settled(1, began=True)
 
 
 def test_settled_names_the_update_handlers_seqs_and_a_promise_outcome() -> None:
@@ -123,14 +126,14 @@ def test_settled_names_the_update_handlers_seqs_and_a_promise_outcome() -> None:
     apply(before, PromiseCompleted(RUN, 6, seq=2, value=b"1"))
     b, st = batch_over(before)
     step(st, 3)  # settled in this batch: not seen before
-    assert settled(b, st) == by_the_rule(before, st) == Settled(2, frozenset({handler}))
+    assert settled(b, st) == by_the_rule(before, st) == Settled(2, frozenset({handler}), began=True)
 
 
 def test_a_run_whose_only_settled_seq_is_negative_keeps_it() -> None:
     before = started()
     step(before, -5)
     b, st = batch_over(before)
-    assert settled(b, st) == by_the_rule(before, st) == Settled(-5)
+    assert settled(b, st) == by_the_rule(before, st) == Settled(-5, began=True)
 
 
 def test_a_state_rebuilt_from_its_facts_after_a_takeover_settles_as_the_live_one() -> None:
@@ -160,4 +163,18 @@ def test_a_state_rebuilt_from_its_facts_after_a_takeover_settles_as_the_live_one
         (rebuilt.top_seq, rebuilt.handler_seqs) == (live.top_seq, live.handler_seqs) == (2, set())
     )
     for st in (live, rebuilt):
-        assert settled(Batch(lambda _p, _run, st=st: st, now=10), st) == Settled(2)
+        assert settled(Batch(lambda _p, _run, st=st: st, now=10), st) == Settled(2, began=True)
+
+
+def test_a_run_whose_code_only_opened_operations_began_and_names_its_running_handlers() -> None:
+    """Nothing settled yet, but the code ran (a step is running, an update's handler
+    too): its start and the handler's are replays in a later batch (`is_replaying`)."""
+    before = started()
+    apply(before, StepStarted(RUN, 1, seq=1, name="s", attempt=1))
+    apply(before, UpdateAccepted(RUN, 2, update_id="u1", name="add", arg=b"1", index=0, anchor=1))
+    b, st = batch_over(before)
+    running = Settled(0, began=True, accepted=frozenset({"u1"}))
+    assert settled(b, st) == by_the_rule(before, st) == running
+    fresh = started()
+    b, st = batch_over(fresh)
+    assert settled(b, st) == by_the_rule(fresh, st) == Settled(0)

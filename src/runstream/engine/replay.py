@@ -244,7 +244,7 @@ class _Live:
         ctx = self.ctx
         ctx._state, ctx._now_ms, ctx._new = state, now_ms, []
         ctx._settled = settled
-        replaying = self.coro is None and settled != Settled(0) and bool(state.resolved)
+        replaying = self.coro is None and settled.began  # from the start, and not the first
         act = ActivationInput(
             state.run_id,
             state.workflow,
@@ -295,7 +295,7 @@ class _Live:
                     value,
                     ctx.headers,
                     state.started_at_ms,
-                    ctx.is_replaying,
+                    ctx._settled.began,
                     state.retries + 1,
                 )
                 self.coro = self.inbound.execute(run)

@@ -118,7 +118,9 @@ class UpdateHandlers:
         try:
             if arg is not None:  # through the inbound links to the handler
                 a = h.accepted
-                again = a.update_id in ctx._state.update_results or ctx.is_replaying
+                settled = ctx._settled  # an earlier activation started it, or it ended
+                again = settled.everything or a.update_id in settled.accepted
+                again = again or a.update_id in ctx._state.update_results
                 start = UpdateInput(
                     ctx.run_id, a.update_id, a.name, payload.loads(arg), ctx.headers, again,
                     ctx._state.retries + 1,

@@ -57,14 +57,20 @@ def settled(b: Batch, st: RunState) -> Settled:
     before = b.runs[st.run_id].before if st.run_id in b.runs else st
     if not isinstance(before, RunState):
         return Settled(0)
+    # An operation recorded (open or settled) means its code ran before this batch.
+    began = before.top_seq is not None or bool(before.pending) or bool(before.handler_seqs)
+    accepted = frozenset(before.updates)
     if before.settled_paused or before.retries != st.retries:
         # Rare (after a pause, or a retry in this batch that reopened failed steps): walk.
         seen = [s for s in before.resolved if s in st.resolved and s not in before.settled_paused]
         return Settled(
             max((s for s in seen if s < UPDATE_SEQ_BASE), default=0),
             frozenset(s for s in seen if s >= UPDATE_SEQ_BASE),
+            began=began,
+            accepted=accepted,
         )
     # Else all of before's settled seqs still are: what the reducer keeps, without a walk of
     # the history on every decision (quadratic in a long run's length, W9).
     top = before.top_seq
-    return Settled(0 if top is None else top, frozenset(before.handler_seqs))
+    handlers = frozenset(before.handler_seqs)
+    return Settled(0 if top is None else top, handlers, began=began, accepted=accepted)
