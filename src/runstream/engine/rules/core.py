@@ -225,16 +225,13 @@ def relaunch_forward(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int
 
 def compensate(ctx: Rules, b: Batch, st: RunState, relaunch: frozenset[int] = frozenset()) -> None:
     """Wait for the steps in flight; then undo every completed step that registered a
-    compensation, the last completed first, one at a time: the undo of step ``s`` is
-    step ``-s``. Then end the run (cancelled or failed, with any compensation's failure).
-
-    The order is the history's (``resolved`` keeps the order its facts came in), not the
-    seqs': an update handler's steps take seqs above any of the workflow's."""
+    compensation, the last completed first (``resolved``'s order: a handler's seqs come
+    after all of the workflow's), one at a time: the undo of step ``s`` is step ``-s``.
+    Then end the run (cancelled or failed, with any compensation's failure)."""
     if in_flight(st):
         return
-    completed = {seq: i for i, seq in enumerate(st.resolved)}
-    undos = sorted(compensations(ctx, b, st), key=lambda c: completed.get(c.seq, -1))
-    for c in reversed(undos):
+    order = {seq: i for i, seq in enumerate(st.resolved)}
+    for c in sorted(compensations(ctx, b, st), key=lambda c: -order.get(c.seq, -1)):
         if -c.seq not in st.resolved:
             steps.run_step(ctx, b, st, -c.seq, c.step, c.args, relaunch)
             return
