@@ -16,7 +16,7 @@ from runstream.engine.replay import replay
 from runstream.engine.requests import Blocked
 from runstream.engine.workflow import Registry, StepPolicy, step_def, workflow_def
 from runstream.errors import SignalTimeout, StepError, TerminalStepError
-from runstream.schemas.records import StartRun
+from runstream.schemas.records import Signal, StartRun
 
 from .corehelp import Core
 
@@ -215,6 +215,30 @@ def test_signals_sent_early_are_buffered_and_each_consumed_once():
     assert core.state("r").status == "running"
     core.signal("r", "approve", "b", signal_id="s2")
     assert payload.loads(core.state("r").output) == {"first": "a", "second": "b"}
+
+
+@pytest.mark.parametrize("waiting", [True, False])
+def test_a_signal_whose_payload_is_not_json_is_refused_and_the_run_goes_on(waiting):
+    """A foreign producer's bytes: recorded, they would fail the run at its replay, for
+    good (a retry replays the same fact). Refused to the dead-letter topic instead, as
+    an update's argument or a promise's value; a signal-with-start so made starts nothing."""
+
+    async def napping(ctx) -> dict:
+        await ctx.sleep(10)  # a signal sent meanwhile is buffered
+        return await approval(ctx)
+
+    core = Core(registry(approval, napping))
+    core.start("r", "approval" if waiting else "napping")
+    before = len(core.journal)
+    core.command(Signal("r", "approve", payload=b"{x", signal_id="bad"))
+    assert core.journal[before:] == [] and [d.code for d in core.dead] == ["invalid-input"]
+    assert "not JSON" in core.dead[0].reason
+    core.signal("r", "approve", "b", signal_id="s2")
+    core.signal("r", "approve", "c", signal_id="s3")
+    core.advance(10)
+    assert payload.loads(core.state("r").output) == {"first": "b", "second": "c"}
+    core.command(StartRun("new", "approval", input=b"null", signal="approve", signal_payload=b"{x"))
+    assert not core.state("new").exists and len(core.dead) == 2
 
 
 def test_buffered_signal_before_the_wait():
