@@ -16,7 +16,8 @@ Unlike `corehelp.Core` (every command delivered at once, step bodies run at once
   the coroutine cache dropped, crashed runs recovered), a graceful handover, an aborted
   transaction redone, a command delivered twice, a cache miss.
 
-Every committed fact is kept in `journal`, in commit order.
+Every committed fact is kept in `journal`, in commit order, and every command consumed
+in `log`, with the batch it made.
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ class Shell:
         self.since = [0] * partitions  # when the current owner took each partition over
         self.offsets = [0] * partitions
         self.last: Delivered | None = None  # the latest command delivered
+        self.log: list[Delivered] = []  # every command consumed, duplicates too, in order
         # (run, seq, run attempt) of each step an outbound interceptor saw settle live
         # (not replaying), and (run, "execute" or "update <id>", run attempt) of each start
         # of a run's code or of a handler an inbound one saw live: while deciding a batch,
@@ -224,8 +226,18 @@ class Shell:
     def deliver(self, p: int) -> Delivered:
         """Consume the next command of partition ``p``."""
         cmd, internal = self.queues[p].popleft()
-        self.last = Delivered(cmd, internal, self.run(self.record(cmd)))
-        return self.last
+        return self.consumed(cmd, internal, self.run(self.record(cmd)))
+
+    def consumed(
+        self, cmd: Command, internal: bool, batch: Batch | None, again: bool = False
+    ) -> Delivered:
+        """Log what consuming ``cmd`` did; unless ``again`` (a producer's duplicate), it
+        is the `last` command delivered."""
+        done = Delivered(cmd, internal, batch)
+        self.log.append(done)
+        if not again:
+            self.last = done
+        return done
 
     # -- step bodies and task workers ----------------------------------------------
     def outcome(self, job: StepJob, how: str) -> Batch | None:

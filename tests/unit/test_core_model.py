@@ -4,7 +4,9 @@
 Hypothesis drives starts, signals, events, cancels, retries, timer fires, local step
 outcomes, remote results and heartbeats (in order, late, duplicated), completions of
 durable promises (known and unknown, once or again), validated updates (accepted,
-rejected by their validator or for want of a handler, once or again), pauses and
+rejected by their validator or for want of a handler, once or again; with a start or
+not; with a reply_to or from a foreign producer with none), live queries (their answers
+checked), a foreign producer's commands whose payloads are not JSON, pauses and
 unpauses of runs and of a task group on each partition, the commands runs
 send each other (delivered in order per partition, interleaved with the rest), and the
 faults: a restore of a partition by a new owner, a graceful handover, an aborted
@@ -60,9 +62,12 @@ from runstream.interceptors import (
 )
 from runstream.schemas.records import (
     TERMINAL,
+    UPDATE_SEQ_BASE,
     Cancel,
     ChildEnded,
     ChildStarted,
+    Command,
+    CompensationStarted,
     CompletePromise,
     EventAwaited,
     EventMatched,
@@ -79,10 +84,16 @@ from runstream.schemas.records import (
     PromiseCreated,
     PublishEvent,
     QueryAnswer,
+    Reason,
     Retry,
+    RunCancelled,
+    RunCompleted,
+    RunDead,
     RunFailed,
     RunPaused,
+    RunRejected,
     RunRetried,
+    RunStarted,
     RunUnpaused,
     Signal,
     StartRun,
@@ -92,6 +103,8 @@ from runstream.schemas.records import (
     Update,
     UpdateAccepted,
     UpdateCompleted,
+    UpdateReply,
+    UpdateStage,
     correlation_id,
     entity_call_id,
     entity_lock_id,
@@ -286,20 +299,25 @@ async def published(ctx: Any, n: int) -> int:
 @app.workflow(timeout="60s")
 async def updatable(ctx: Any, n: int) -> int:
     """Takes updates "bump" (a validator refuses a negative one) whose handler adds to
-    the workflow's total before its step; the workflow waits for a signal, then runs a
-    step: its output is ``n`` plus every accepted update's argument, however its
-    handlers' starts interleave with replays from the start."""
+    the workflow's total before its step; the workflow runs a step, waits for a signal,
+    then runs a step: its output, and its live query "total" at any time, is ``n`` plus
+    every accepted update's argument, however its handlers' starts interleave with
+    replays from the start. The first step and the handlers' have compensations: a
+    handler's step may complete before the first (the undos follow the journal's order,
+    `compensation_order_problems`, not the seqs')."""
     total = [n]
+    ctx.query_handler("total")(lambda: total[0])
 
     async def bump(k: int) -> int:
         total[0] += k
-        return int(await ctx.step(work, k))
+        return int(await ctx.step(work, k, compensate=undo))
 
     def non_negative(k: int) -> None:
         if k < 0:
             raise ValueError("negative")
 
     ctx.update_handler("bump", bump, validator=non_negative)
+    await ctx.step(work, n, compensate=undo)
     with contextlib.suppress(SignalTimeout):
         await ctx.wait_for_signal("go", timeout="30s")
     await ctx.step(work, total[0])
@@ -351,6 +369,7 @@ WORKFLOWS = (
     "reader",
 )  # fmt: skip
 HOW = hs.sampled_from(["ok", "retryable", "terminal"])
+NOT_JSON = b"{x"  # a foreign producer's payload that decodes as bytes, not as JSON
 INDEX = hs.integers(0, 1_000)
 
 
@@ -628,6 +647,136 @@ def update_problems(shell: Shell, runs: Iterable[str], at_rest: bool = False) ->
     return out
 
 
+def updates_total(shell: Shell, run_id: str) -> int:
+    """What an ``updatable`` run's total is now: its input plus every accepted update's
+    argument."""
+    accepted = [f for f in shell.facts(run_id) if isinstance(f, UpdateAccepted)]
+    return int(shell.value(shell.run_state(run_id).input)) + sum(
+        int(shell.value(f.arg)) for f in accepted
+    )
+
+
+def published_done(shell: Shell, run_id: str) -> list[Any]:
+    """What a ``published`` run's "done" is now: its one step's output, once completed."""
+    return [shell.value(f.output) for f in shell.facts(run_id) if isinstance(f, StepCompleted)]
+
+
+#: The query handlers the model checks, by workflow: their name and the answer the run's
+#: journal implies.
+QUERIES = {"updatable": ("total", updates_total), "published": ("done", published_done)}
+
+
+def update_start_problems(shell: Shell, delivered: Iterable[Delivered]) -> list[str]:
+    """An update-with-start delivered (the model's starts are all valid) leaves its run
+    started, once: whether its update was taken or refused, with a reply_to or none
+    (then the refusal is a dead letter, which must not undo the start)."""
+    out = []
+    for d in delivered:
+        cmd = d.cmd
+        if not (isinstance(cmd, Update) and cmd.start_workflow is not None):
+            continue
+        st = shell.state(cmd.run_id)
+        starts = sum(isinstance(f, RunStarted) for f in shell.facts(cmd.run_id))
+        if not (isinstance(st, RunState) and st.exists) or starts != 1:
+            out.append(
+                f"{cmd.run_id}: update-with-start {cmd.update_id} (reply_to {cmd.reply_to}) "
+                f"delivered; the run is {getattr(st, 'status', '?')}, started {starts} times"
+            )
+    return out
+
+
+def refused(d: Delivered) -> bool:
+    """``d``'s command was refused: a rejected update's reply, a live query's answer
+    with no value, or a dead letter for a reason (not an internal error)."""
+    assert d.batch is not None  # a consumed record is never an empty batch
+    fx = d.batch.effects
+    return any(
+        (isinstance(a, UpdateReply) and a.stage == UpdateStage.REJECTED)
+        or (isinstance(a, QueryAnswer) and a.value is None)
+        for _, a in fx.replies
+    ) or any(letter.code != Reason.INTERNAL for letter in fx.dead_letters)
+
+
+def odd_problems(
+    shell: Shell, delivered: Iterable[Delivered], odd: dict[int, Command]
+) -> list[str]:
+    """A foreign producer's malformed command (`CoreModel.odd_bytes`) is refused, never
+    an internal error, and adds no fact to any run's journal but the RunRejected a
+    refused start of a new run records (a start of a run that exists is a duplicate:
+    nothing at all). The partition goes on: a decision that raised would fail the step."""
+    out = []
+    for d in delivered:
+        if id(d.cmd) not in odd:
+            continue
+        assert d.batch is not None
+        fx, cmd = d.batch.effects, d.cmd
+        start = isinstance(cmd, StartRun)
+        duplicate_start = start and shell.run_state(cmd.run_id).exists
+        # A run that ended takes no signal at all, well-formed or not: nothing to refuse.
+        ended_run = isinstance(cmd, Signal) and shell.run_state(cmd.run_id).terminal
+        added = [
+            describe(f)
+            for f in fx.facts
+            if not (start and isinstance(f, RunRejected) and f.run_id == cmd.run_id)
+        ]
+        internal = [x.reason for x in fx.dead_letters if x.code == Reason.INTERNAL]
+        if added or internal or not (refused(d) or duplicate_start or ended_run):
+            out.append(
+                f"{cmd.run_id}: the malformed {describe(cmd)} added {added}, internal errors "
+                f"{internal}, replies {fx.replies}, dead letters {fx.dead_letters}"
+            )
+    return out
+
+
+def paused_update_problems(shell: Shell, runs: Iterable[str]) -> list[str]:
+    """No update is accepted while its run is paused (from a RunPaused till its
+    RunUnpaused, or the compensation or end that ends a pause) or once it compensates."""
+    out = []
+    for run_id in sorted(runs):
+        paused = compensating = False
+        for f in shell.facts(run_id):
+            match f:
+                case RunPaused():
+                    paused = True
+                case RunUnpaused() | RunCompleted() | RunFailed() | RunCancelled() | RunDead():
+                    paused = False
+                case CompensationStarted():
+                    paused, compensating = False, True
+                case UpdateAccepted() if paused or compensating:
+                    why = "paused" if paused else "compensating"
+                    out.append(f"{run_id}: update {f.update_id} accepted while {why}")
+    return out
+
+
+def compensation_order_problems(
+    shell: Shell, runs: Iterable[str], at_rest: bool = False
+) -> list[str]:
+    """Compensations undo steps in the reverse of the order their StepCompleted facts
+    are in the journal (the undo of step ``s`` is step ``-s``), an update handler's step
+    (whose seq is above every workflow step's) too; at rest, a run that compensated
+    undid each step it completed with a compensation (a ``saga``'s or an ``updatable``
+    run's first step, and an ``updatable`` run's handlers' steps)."""
+    out = []
+    for run_id in sorted(runs):
+        facts = shell.facts(run_id)
+        completed = {f.seq: i for i, f in enumerate(facts) if isinstance(f, StepCompleted)}
+        undone = dict.fromkeys(-f.seq for f in facts if isinstance(f, StepStarted) and f.seq < 0)
+        order = [completed.get(seq, -1) for seq in undone]
+        if order != sorted(order, reverse=True):
+            out.append(
+                f"{run_id}: undid steps {list(undone)}, completed at journal positions {order}"
+            )
+        st = shell.state(run_id)
+        compensated = any(isinstance(f, CompensationStarted) for f in facts)
+        undoing = isinstance(st, RunState) and st.workflow in ("saga", "updatable")
+        if not (at_rest and compensated and undoing):
+            continue
+        undoable = [s for s in completed if s == 1 or s >= UPDATE_SEQ_BASE]
+        if missed := [s for s in undoable if s not in undone]:
+            out.append(f"{run_id}: compensated, never undid steps {missed}")
+    return out
+
+
 def paused_groups(shell: Shell) -> list[str]:
     return [
         ent
@@ -698,6 +847,8 @@ class CoreModel(RuleBasedStateMachine):
         self.completions: list[CompletePromise] = []
         self.updates: list[Update] = []
         self.sent: dict[str, StartRun] = {}  # the entity calls, by run id
+        self.odd: dict[int, Command] = {}  # the malformed commands sent (`odd_bytes`), by id()
+        self.logged = 0  # how much of the shell's log of deliveries was checked
         # The model dead-letters many commands on purpose (cancels of unknown runs, late
         # results): keep the engine's warnings out of the captured log (errors stay).
         self._level = ENGINE_LOG.level
@@ -708,6 +859,11 @@ class CoreModel(RuleBasedStateMachine):
 
     def _known(self) -> list[str]:
         return self.started + [r for r in self.shell.runs() if r not in self.started]
+
+    def _updatable(self) -> list[str]:
+        return [
+            r for r in self._known() if getattr(self.shell.state(r), "workflow", "") == "updatable"
+        ]
 
     @initialize(
         starts=hs.lists(hs.tuples(hs.sampled_from(WORKFLOWS), hs.integers(0, 5)), max_size=3)
@@ -832,36 +988,107 @@ class CoreModel(RuleBasedStateMachine):
         self.shell.send(cmd)
 
     @precondition(lambda self: self.started)
-    @rule(i=INDEX)
-    def live_query(self, i: int) -> None:
-        """A live query of any run, answered at once (it waits in no queue here): it adds
-        no fact, and a run that exists is found."""
-        shell, target = self.shell, self._pick(self._known(), i)
+    @rule(i=INDEX, anyone=hs.booleans())
+    def live_query(self, i: int, anyone: bool) -> None:
+        """A live query, answered at once (it waits in no queue here), of an ``updatable``
+        run, else (``anyone``) of any run: it adds no fact, a run that exists is found,
+        and the answer of a query handler is what the run's journal says the workflow's
+        variable is (`QUERIES`)."""
+        shell, updatable = self.shell, self._updatable()
+        target = self._pick(updatable if updatable and not anyone else self._known(), i)
+        st = shell.state(target)
+        found = isinstance(st, RunState) and st.exists
+        name, answer = QUERIES.get(getattr(st, "workflow", ""), ("done", None))
         facts = len(shell.journal)
         request = f"q{facts}-{i}"
-        b = shell.run(shell.record(LiveQuery(target, request, reply_to="m", name="done", arg=b"1")))
+        b = shell.run(shell.record(LiveQuery(target, request, reply_to="m", name=name, arg=b"1")))
         assert shell.journal[facts:] == [], f"a query of {target} added facts"
         answers = [a for _, a in (b.effects.replies if b else []) if isinstance(a, QueryAnswer)]
         assert [a.request_id for a in answers] == [request]
-        st = shell.state(target)
-        assert answers[0].found == (isinstance(st, RunState) and st.exists)
+        assert answers[0].found == found
+        if found and answer is not None:
+            got = answers[0].error or shell.value(answers[0].value)
+            want = answer(shell, target)
+            status = shell.run_state(target).status
+            assert got == want, f"{target} ({status}): query {name} is {got!r}, want {want}"
 
     @precondition(lambda self: self.started)
-    @rule(i=INDEX, k=hs.integers(-1, 3), again=hs.booleans(), anyone=hs.booleans())
-    def update(self, i: int, k: int, again: bool, anyone: bool) -> None:
+    @rule(
+        i=INDEX,
+        k=hs.integers(-1, 3),
+        again=hs.booleans(),
+        anyone=hs.booleans(),
+        with_start=hs.booleans(),
+        foreign=hs.booleans(),
+    )
+    def update(
+        self, i: int, k: int, again: bool, anyone: bool, with_start: bool, foreign: bool
+    ) -> None:
         """An update "bump" (a negative one is rejected by its validator), or one sent
         before, again: mostly for an ``updatable`` run, else (``anyone``) for any run (no
-        such handler, or no such run)."""
+        such handler, or no such run). ``with_start``: an update-with-start of an
+        ``updatable`` run, of a new run id when ``anyone`` and there is room (it counts
+        among the runs started). A ``foreign`` producer names no reply_to: a refusal is
+        a dead letter (`update_start_problems`: never one that undoes the start)."""
         if again and self.updates:
             self.shell.send(self._pick(self.updates, i))
             return
-        updatable = [
-            r for r in self._known() if getattr(self.shell.state(r), "workflow", "") == "updatable"
-        ]
-        target = self._pick(updatable if updatable and not anyone else self._known(), i)
+        updatable = self._updatable()
+        if with_start and anyone and len(self.started) < 6:
+            target = f"r{len(self.started)}"
+            self.started.append(target)
+        else:
+            target = self._pick(updatable if updatable and not anyone else self._known(), i)
         uid = f"u{len(self.updates)}"
-        cmd = Update(target, "bump", update_id=uid, arg=payload.dumps(k), reply_to="model")
+        cmd = Update(
+            target,
+            "bump",
+            update_id=uid,
+            arg=payload.dumps(k),
+            reply_to=None if foreign else "model",
+            start_workflow="updatable" if with_start else None,
+            start_input=payload.dumps(i % 6) if with_start else None,
+        )
         self.updates.append(cmd)
+        self.shell.send(cmd)
+
+    @precondition(lambda self: self.started)
+    @rule(
+        i=INDEX,
+        kind=hs.sampled_from(["update", "promise", "query", "start", "signal"]),
+        foreign=hs.booleans(),
+        fresh=hs.booleans(),
+        workflow=hs.sampled_from(WORKFLOWS),
+    )
+    def odd_bytes(self, i: int, kind: str, foreign: bool, fresh: bool, workflow: str) -> None:
+        """A foreign producer's command that decodes but whose payload is not JSON: an
+        update's argument (``foreign``: with no reply_to), a promise's value, a live
+        query's argument, a signal's payload, a start's input (of a ``fresh`` run id, or
+        of one that may exist: a duplicate start's input is never read). Queued like any
+        command, it may come twice or in a redone transaction; `odd_problems` checks each
+        delivery."""
+        target = self._pick(self._known(), i)
+        n = len(self.odd)
+        cmd: Command
+        match kind:
+            case "update":
+                reply_to = None if foreign else "model"
+                cmd = Update(target, "bump", update_id=f"o{n}", arg=NOT_JSON, reply_to=reply_to)
+            case "promise":
+                promising = [
+                    r
+                    for r in self._known()
+                    if any(isinstance(f, PromiseCreated) for f in self.shell.facts(r))
+                ]
+                target = self._pick(promising or [target], i)
+                cmd = CompletePromise(target, promise_id(target, 1), value=NOT_JSON)
+            case "query":
+                cmd = LiveQuery(target, f"o{n}", reply_to="model", name="total", arg=NOT_JSON)
+            case "signal":  # waited for or buffered: refused either way, never recorded
+                cmd = Signal(target, "go", payload=NOT_JSON, signal_id=f"o{n}")
+            case _:
+                cmd = StartRun(f"x{n}" if fresh else target, workflow, input=NOT_JSON)
+        self.odd[id(cmd)] = cmd
         self.shell.send(cmd)
 
     # -- Kafka, step bodies, task workers, time --------------------------------------
@@ -947,7 +1174,7 @@ class CoreModel(RuleBasedStateMachine):
             "the redone decision differs from the aborted one:\n"
             f"  first:  {first.effects.facts}\n  second: {second.effects.facts}"
         )
-        shell.last = Delivered(cmd, internal, shell.commit(second))
+        shell.consumed(cmd, internal, shell.commit(second))
 
     @precondition(lambda self: self.shell.jobs)
     @rule(i=INDEX, how=HOW)
@@ -978,10 +1205,13 @@ class CoreModel(RuleBasedStateMachine):
         if isinstance(cmd, Cancel) and "idless-twice" in EXCLUDE:
             return  # a Cancel carries no id
         facts = len(shell.journal)
-        shell.run(shell.record(cmd))
+        shell.consumed(cmd, False, shell.run(shell.record(cmd)), again=True)
         added = [describe(f) for f in shell.journal[facts:]]
         had_effect = first is not None and any(f.run_id == cmd.run_id for f in first.effects.facts)
-        assert not (had_effect and added), (
+        # A refused start (`odd_bytes`) is recorded each time it is refused, as its dead
+        # letter is (`engine.decide`: a later valid start may still start the run).
+        refused_again = isinstance(cmd, StartRun) and added == ["RunRejected"]
+        assert not (had_effect and added and not refused_again), (
             f"{describe(cmd)} for {cmd.run_id} delivered twice added {added}"
         )
 
@@ -1011,6 +1241,11 @@ class CoreModel(RuleBasedStateMachine):
         assert not (p := witness_problems(shell)), told(p)
         assert not (p := update_problems(shell, runs)), told(p)
         assert not (p := group_pause_problems(shell)), told(p)
+        assert not (p := paused_update_problems(shell, runs)), told(p)
+        assert not (p := compensation_order_problems(shell, runs)), told(p)
+        delivered, self.logged = shell.log[self.logged :], len(shell.log)
+        assert not (p := update_start_problems(shell, delivered)), told(p)
+        assert not (p := odd_problems(shell, delivered, self.odd)), told(p)
 
     def teardown(self) -> None:
         # A step or an invariant failed: that is the report. (Hypothesis's own StopTest,
@@ -1055,6 +1290,7 @@ class CoreModel(RuleBasedStateMachine):
         assert not (p := ttl_problems(shell)), told(p)
         assert not (p := witness_problems(shell, at_rest=True)), told(p)
         assert not (p := update_problems(shell, shell.by_run, at_rest=True)), told(p)
+        assert not (p := compensation_order_problems(shell, shell.by_run, at_rest=True)), told(p)
         assert not (p := entity_problems(shell)), told(p)
         assert not (p := reader_problems(shell)), told(p)
 
