@@ -113,6 +113,22 @@ def test_a_wait_gets_the_event_published_after_it():
     assert fold(corr, core.facts(corr)).subscriptions == []
 
 
+def test_an_event_whose_payload_is_not_json_is_refused_and_the_wait_goes_on():
+    """A foreign producer's bytes: delivered, they would fail the waiting run at its
+    replay, for good. Refused to the dead-letter topic instead, as a signal's are."""
+    core = _core()
+    core.start("r", "settle", "o-1")
+    pump(core)
+    before = len(core.journal)
+    corr = correlation_id("paid", "o-1")
+    core.command(PublishEvent(corr, "paid", event_id="bad", payload=b"{x", key="o-1"))
+    pump(core)
+    assert core.journal[before:] == [] and [d.code for d in core.dead] == ["invalid-input"]
+    assert "not JSON" in core.dead[0].reason
+    publish(core, "paid", {"amount": 10}, key="o-1")
+    assert payload.loads(core.state("r").output) == {"amount": 10}
+
+
 def test_an_event_published_before_the_wait_counts_only_within_its_time_to_live():
     core = _core()
     publish(core, "paid", {"n": 1}, key="a", ttl_ms=60_000)

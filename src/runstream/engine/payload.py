@@ -21,6 +21,18 @@ def loads(data: bytes | None) -> Any:
     return None if not data else json.loads(blobs.resolve(data))
 
 
+def not_json(data: bytes | None) -> str | None:
+    """Why ``data`` is not a payload a workflow can read (a foreign producer's bytes), or
+    None. A large payload's reference is not read here: a client wrote its JSON."""
+    if not data or blobs.parse(data) is not None:
+        return None
+    try:
+        json.loads(data)
+    except ValueError as exc:
+        return f"not JSON: {exc}"
+    return None
+
+
 def shown(data: bytes | None) -> Any:
     """The value for a person or a read model: a large payload read through the active
     store if it can be, else ``{"$blob": why}`` (never an error: a listing goes on)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from runstream.engine import blobs, payload
 from runstream.engine.rules import core
-from runstream.engine.rules.context import Rules
+from runstream.engine.rules.context import Rejected, Rules
 from runstream.engine.state import EventEntityState, RunState
 from runstream.engine.work import Batch
 from runstream.engine.workflow import WorkflowDef
@@ -38,6 +38,8 @@ def publish(ctx: Rules, b: Batch, corr: EventEntityState, cmd: PublishEvent) -> 
     publish (the same event id) counts once."""
     if cmd.event_id in corr.event_ids:
         return
+    if problem := payload.not_json(cmd.payload):  # delivered, it would fail the waiting runs
+        raise Rejected(Reason.INVALID_INPUT, f"the payload of event {cmd.name!r} is {problem}")
     now = b.now
     fact = EventPublished(  # its size was checked with the command's (Decider.handle)
         corr.run_id,

@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import json
-
-from runstream.engine import blobs
+from runstream.engine import payload
 from runstream.engine.rules import core
 from runstream.engine.rules.context import Rejected, Rules
 from runstream.engine.state import RunState, Status
@@ -18,12 +16,8 @@ def signal(ctx: Rules, b: Batch, st: RunState, cmd: Signal) -> None:
         raise Rejected(Reason.UNKNOWN_RUN, f"signal {cmd.name!r} for unknown run {st.run_id!r}")
     if st.terminal or cmd.signal_id in st.signal_ids:
         return  # a finished run takes no signals; a redelivered signal counts once
-    if blobs.parse(cmd.payload) is None:  # a large payload's reference: the client's JSON
-        try:
-            json.loads(cmd.payload or b"null")
-        except ValueError as exc:  # a foreign producer's bytes: they would fail the run
-            why = f"the payload of signal {cmd.name!r} is not JSON: {exc}"
-            raise Rejected(Reason.INVALID_INPUT, why) from exc
+    if problem := payload.not_json(cmd.payload):  # recorded, it would fail the run
+        raise Rejected(Reason.INVALID_INPUT, f"the payload of signal {cmd.name!r} is {problem}")
     waiting = [
         s for s, f in st.pending.items() if isinstance(f, SignalAwaited) and f.name == cmd.name
     ]
