@@ -1055,7 +1055,7 @@ class CoreModel(RuleBasedStateMachine):
     @precondition(lambda self: self.started)
     @rule(
         i=INDEX,
-        kind=hs.sampled_from(["update", "promise", "query", "start", "signal"]),
+        kind=hs.sampled_from(["update", "promise", "query", "start", "signal", "event"]),
         foreign=hs.booleans(),
         fresh=hs.booleans(),
         workflow=hs.sampled_from(WORKFLOWS),
@@ -1063,10 +1063,10 @@ class CoreModel(RuleBasedStateMachine):
     def odd_bytes(self, i: int, kind: str, foreign: bool, fresh: bool, workflow: str) -> None:
         """A foreign producer's command that decodes but whose payload is not JSON: an
         update's argument (``foreign``: with no reply_to), a promise's value, a live
-        query's argument, a signal's payload, a start's input (of a ``fresh`` run id, or
-        of one that may exist: a duplicate start's input is never read). Queued like any
-        command, it may come twice or in a redone transaction; `odd_problems` checks each
-        delivery."""
+        query's argument, a signal's or an event's payload, a start's input (of a
+        ``fresh`` run id, or of one that may exist: a duplicate start's input is never
+        read). Queued like any command, it may come twice or in a redone transaction;
+        `odd_problems` checks each delivery."""
         target = self._pick(self._known(), i)
         n = len(self.odd)
         cmd: Command
@@ -1086,6 +1086,12 @@ class CoreModel(RuleBasedStateMachine):
                 cmd = LiveQuery(target, f"o{n}", reply_to="model", name="total", arg=NOT_JSON)
             case "signal":  # waited for or buffered: refused either way, never recorded
                 cmd = Signal(target, "go", payload=NOT_JSON, signal_id=f"o{n}")
+            case "event":  # for the runs waiting on "paid", or kept for its ttl: refused
+                key = str(i % 2)
+                cmd = PublishEvent(
+                    correlation_id("paid", key), "paid", event_id=f"o{n}", payload=NOT_JSON,
+                    key=key, ttl_ms=20_000,
+                )  # fmt: skip
             case _:
                 cmd = StartRun(f"x{n}" if fresh else target, workflow, input=NOT_JSON)
         self.odd[id(cmd)] = cmd
