@@ -320,6 +320,8 @@ async def updatable(ctx: Any, n: int) -> int:
     await ctx.step(work, n, compensate=undo)
     with contextlib.suppress(SignalTimeout):
         await ctx.wait_for_signal("go", timeout="30s")
+    if n % 2 and "continue-as-new" not in EXCLUDE:  # once: its updates in flight fail
+        ctx.continue_as_new(total[0] + total[0] % 2)
     await ctx.step(work, total[0])
     return total[0]
 
@@ -640,7 +642,8 @@ def update_problems(shell: Shell, runs: Iterable[str], at_rest: bool = False) ->
             out.append(
                 f"{run_id} ({st.status}): updates in flight at rest: {set(ids) - set(completed)}"
             )
-        if st.workflow == "updatable" and st.status == "completed" and st.output:
+        ended = st.status == "completed" and st.output and not st.continued_as
+        if st.workflow == "updatable" and ended:
             want = shell.value(st.input) + sum(shell.value(f.arg) for f in accepted)
             if shell.value(st.output) != want:
                 out.append(f"{run_id}: returned {shell.value(st.output)}, want {want}")
