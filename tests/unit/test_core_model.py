@@ -300,7 +300,8 @@ async def published(ctx: Any, n: int) -> int:
 async def updatable(ctx: Any, n: int) -> int:
     """Takes updates "bump" (a validator refuses a negative one) whose handler adds to
     the workflow's total before its step; the workflow runs a step, waits for a signal,
-    then runs a step: its output, and its live query "total" at any time, is ``n`` plus
+    then (an odd ``n``) continues as new with its total, failing the updates in flight,
+    or runs a step: its output, and its live query "total" at any time, is ``n`` plus
     every accepted update's argument, however its handlers' starts interleave with
     replays from the start. The first step and the handlers' have compensations: a
     handler's step may complete before the first (the undos follow the journal's order,
