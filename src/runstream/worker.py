@@ -16,6 +16,7 @@ and the transaction in `topics.outbox`, the rules are in `engine`, internal work
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -100,11 +101,17 @@ class Worker:
         self._blobs = KafkaBlobs(client_config(s.bootstrap(), s.kafka), self.topics.blobs)
         self._files = InstanceFiles(self.state_dir, self.instance_id)
         self._parked = StuckRuns(self._files)
-        # Partitions of a batch whose commit aborted, until a commit that sent offsets (so
-        # the group's generation was still ours) succeeds: an instance that was frozen may
-        # wake up a zombie whose partitions another owner took, ran and committed, so no
-        # step of theirs may run ahead of its commit (`runtime.steps.chain`) meanwhile.
-        self._suspect: set[int] = set()
+        # When membership was last proved (time.monotonic()): an assignment, or a commit
+        # that sent offsets (the group's generation checked). An instance frozen past its
+        # session wakes up a zombie whose partitions another owner took, ran and committed,
+        # so no step runs ahead of its commit (`runtime.steps.chain`) unless the proof is
+        # younger than a session allows: heartbeats go on librdkafka's own thread, so an
+        # older one means the whole process stood still (SIGSTOP, a paused VM) or lost the
+        # broker. An aborted commit voids the proof. This narrows the window to a freeze
+        # between the check and a body's start; only a fence could close it.
+        self._proved_at = -math.inf
+        group = s.group_session()
+        self._lease = (group["session.timeout.ms"] - 2 * group["heartbeat.interval.ms"]) / 1000
         self._snapshots = Snapshots(None, 0, 0)  # set at connect, once the topic is known
 
     # -- lifecycle -------------------------------------------------------------------
@@ -204,6 +211,7 @@ class Worker:
     # -- partition ownership (called inside poll(), on this thread) ----------------------
     def assigned(self, partitions: list[int]) -> None:
         """Kafka gave us ``partitions``: restore them before taking their commands."""
+        self._proved_at = time.monotonic()  # the group's answer: a member now
         self._owned.assigned(partitions)
 
     def revoked(self, partitions: list[int], lost: bool) -> None:
@@ -292,7 +300,7 @@ class Worker:
     ) -> Batch | None:
         """Decide ``records``, the internal work that is ready, and ``then``, in that order,
         and commit what they decided in one transaction; the batch, once committed."""
-        began, now = time.perf_counter(), int(time.time() * 1000)
+        began, now, now_s = time.perf_counter(), int(time.time() * 1000), time.monotonic()
         items: list[Work] = [*records, *self._inbox.take(now, self._steps), *then]
         if not items and not self._snapshots.due(now):
             return None
@@ -305,16 +313,19 @@ class Worker:
             for item in items:
                 if item.partition in self._owned:
                     run_id = decider.handle(b, item)
-                    if run_id and (not self._owned.fresh(item) or item.partition in self._suspect):
+                    if run_id and not self._owned.fresh(item):
                         careful.add(run_id)
-            if self.settings.chain_budget and not (self._stopping.is_set() or self._owned.leaving):
+            # No longer than membership is proved (`_proved_at`): a freeze during the
+            # chain shows as its budget spent, and starts nothing more.
+            budget = min(self.settings.chain_budget, self._proved_at + self._lease - now_s)
+            if budget > 0 and not (self._stopping.is_set() or self._owned.leaving):
                 chain(
                     b,
                     lambda o: decider.handle(b, o) if o.partition in self._owned else None,
                     self._steps,
                     self._inbox.outcomes,
                     careful,
-                    self.settings.chain_budget,
+                    budget,
                     started,
                     decided,
                 )
@@ -327,7 +338,7 @@ class Worker:
                 self._project(b, Committed({}, {}))
             return None
         answered = self._waiters.answer(b, decider.run_info)
-        decided_at = time.perf_counter()
+        decided_at, sent_at = time.perf_counter(), time.monotonic()
         written = commit(
             engine_log, b, self.topics, self.codec, self._owned.position, self._lifecycle, snapshot
         )
@@ -338,7 +349,7 @@ class Worker:
         else:
             self._snapshots.committed()
             self._waiters.committed(b, answered)
-            self._apply(b, written, started)
+            self._apply(b, written, started, sent_at)
             if self._metrics_server is not None:  # metrics off: they cost nothing
                 self.metrics.committed(b, committed_at - decided_at)
                 self._taken_ms.update((r.partition, r.timestamp_ms) for r in records)
@@ -358,7 +369,7 @@ class Worker:
         """Drop the batch: its commands are read again, its internal work is requeued, and
         what its chain ran is kept for when the redone batch schedules it again."""
         self.stats["aborted"] += 1
-        self._suspect.update(w.partition for w in b.runs.values())
+        self._proved_at = -math.inf  # a zombie's commit aborts: start nothing ahead
         if self._decider is not None:
             self._decider.forget(b.runs)
         first: dict[int, int] = {}  # every command taken, decided or not (an overrun)
@@ -370,11 +381,14 @@ class Worker:
         self._steps.keep(started.values(), [o for o in decided if o.key in started])
         self._inbox.put_back(items, [o for o in decided if o.key not in started])
 
-    def _apply(self, b: Batch, written: Committed, started: dict[Attempt, StepJob]) -> None:
-        """After the commit: count it, project the facts, arm timers, start the steps."""
+    def _apply(
+        self, b: Batch, written: Committed, started: dict[Attempt, StepJob], sent_at: float
+    ) -> None:
+        """After the commit (begun at ``sent_at``): count it, project the facts, arm
+        timers, start the steps."""
         self.stats["transactions"] += 1
-        if b.consumed:  # its offsets were taken: the group's generation is ours
-            self._suspect.clear()
+        if b.consumed or b.effects.facts:  # it sent offsets (`outbox.commit`), which the
+            self._proved_at = sent_at  # group's coordinator took: its generation was ours
         self.stats["commands"] += sum(last - first + 1 for first, last in b.consumed.values())
         self.stats["facts"] += len(b.effects.facts)
         self._project(b, written)

@@ -501,3 +501,80 @@ def test_a_batch_dropped_by_an_overrun_reads_again_the_commands_it_had_not_decid
     rig.until(lambda: len(ended(cluster, ns)) == 10)
     assert ended(cluster, ns) == {f"r{i}": i * 10 + 3 for i in range(10)}
     rig.close()
+
+
+def _freeze(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Move the process's monotonic clock on by ``seconds``, as a SIGSTOP that long would
+    (the group's session ran on meanwhile; the process saw nothing of it)."""
+    now = time.monotonic
+    monkeypatch.setattr(time, "monotonic", lambda: now() + seconds)
+
+
+def test_an_instance_frozen_past_its_session_runs_no_step_ahead_of_its_next_commit(
+    tmp_path, ns, monkeypatch
+):
+    """A process frozen (SIGSTOP, a paused VM) longer than its group session wakes up a
+    zombie: another owner may have taken its partitions and run their steps, and it only
+    learns so at its next commit, which fails. Its chain ran steps ahead of that commit
+    (found by the chaos suite: four bodies of a limit-2 step at once). A commit that sent
+    offsets proves the instance was a member when it was made; once the last proof is
+    older than the session allows, no step starts before a commit proves it again."""
+    cluster, bodies = Cluster(), Counter[str]()
+    rig = Rig(make_app(ns, bodies), cluster, tmp_path, chain_budget=2.0)
+    rig.log.assign([0, 1, 2, 3])
+    rig.until(lambda: len(rig.worker._owned) == 4)  # restored: commands from now on are fresh
+    start(cluster, ns, "before", "three", 1)
+    rig.until(lambda: "before" in ended(cluster, ns))
+    assert _commits_of(cluster, ns, "before", rig.log) == 1  # a member: it chains
+    _freeze(monkeypatch, 14.0)  # past the 10 s session
+    start(cluster, ns, "z", "three", 10)
+    rig.log.fail("send_offsets_to_transaction", ABORTABLE, times=10_000)  # a zombie, fenced
+    rig.until(lambda: rig.log.aborts >= 3)
+    assert "add_one 10" not in bodies  # nothing ran ahead of a commit that failed
+    rig.log._faults.clear()  # it is still the owner after all (its session held)
+    rig.until(lambda: "z" in ended(cluster, ns))
+    assert ended(cluster, ns)["z"] == 13
+    assert _commits_of(cluster, ns, "z", rig.log) == 2  # the start first, then it chains
+    assert set(bodies.values()) == {1}
+    assert check_run(facts(cluster, ns, "z"), expect_finished=True) == []
+    rig.close()
+
+
+def test_an_instance_frozen_during_its_chain_starts_no_further_step_ahead_of_the_commit(
+    tmp_path, ns, monkeypatch
+):
+    """The freeze may fall inside a chain (a step body ran while the process stood still):
+    the outcome that comes after it is decided, but the step it schedules waits for the
+    commit, which fails while the instance is a zombie."""
+    cluster, bodies, app = Cluster(), Counter[str](), runstream.App(ns)
+    rig: Rig
+
+    @app.step
+    def stall(x: int) -> int:
+        bodies["stall"] += 1
+        if bodies["stall"] == 1:
+            _freeze(monkeypatch, 14.0)
+            rig.log.fail("send_offsets_to_transaction", ABORTABLE, times=10_000)
+        return x
+
+    @app.step
+    def after(x: int) -> int:
+        bodies["after"] += 1
+        return x + 1
+
+    @app.workflow
+    async def stalls(ctx: runstream.Context, x: int) -> int:
+        return await ctx.step(after, await ctx.step(stall, x))
+
+    rig = Rig(app, cluster, tmp_path, chain_budget=2.0)
+    rig.log.assign([0, 1, 2, 3])
+    rig.until(lambda: len(rig.worker._owned) == 4)
+    start(cluster, ns, "s", "stalls", 1)
+    rig.until(lambda: rig.log.aborts >= 3)
+    assert bodies == {"stall": 1}  # `after` did not run ahead of the failing commits
+    rig.log._faults.clear()
+    rig.until(lambda: "s" in ended(cluster, ns))
+    assert ended(cluster, ns)["s"] == 2
+    assert bodies == {"stall": 1, "after": 1}
+    assert check_run(facts(cluster, ns, "s"), expect_finished=True) == []
+    rig.close()

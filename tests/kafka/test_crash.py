@@ -33,6 +33,14 @@ def _client(ns, bootstrap):
         return None
 
 
+def _proved_member(client):
+    """Finish one run, so the instance's commits have just proved it a member of its
+    group: a start right after it chains its steps ahead of its commit (an instance whose
+    last proof is older than its session allows starts nothing ahead, `Worker`)."""
+    client.start("three_steps", 1, run_id="warm")
+    assert client.result("warm", timeout=60) == 4
+
+
 def _two_instances_busy(bootstrap, ns, tmp_path, runs, sleep, started_fraction):
     """Two engine processes with ``runs`` sleepy runs under way: returns once that
     fraction of the first steps ran. (w1, w2, client, step log)"""
@@ -107,6 +115,7 @@ def test_a_run_that_keeps_crashing_its_instance_goes_dead(kafka_bootstrap, ns, t
     try:
         client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
         wait_for(lambda: len(owns(state, ns, "w1")) == PARTITIONS, what="w1 to own all")
+        _proved_member(client)
         client.start("poison", None, run_id="poison")  # fresh: its first attempt runs ahead
         with pytest.raises(runstream.RunFailed, match=r"dead: .*died, 3 times"):
             client.result("poison", timeout=180)
@@ -175,6 +184,7 @@ def test_a_poison_step_among_healthy_runs_takes_only_its_own_run_down(
     try:
         client = wait_for(lambda: _client(ns, kafka_bootstrap), what="topics")
         wait_for(lambda: len(owns(state, ns, "w1")) == PARTITIONS, what="w1 to own all")
+        _proved_member(client)
         for run_id in healthy:
             client.start("steady", 0.2, run_id=run_id, wait=False)
         client.start("poison", None, run_id="poison")

@@ -340,9 +340,11 @@ def chain(
     and the steps run again (at least once, as always). A step that takes its process down
     this way is caught on the next try, which is careful: runs touched by work a former
     process may have seen (``careful``: old commands, timers, recoveries) and recoveries
-    themselves never run ahead of their commit. Fills in the attempts started here
-    (``started``) and the outcomes decided here (``decided``), also when a decision
-    raises: if the commit aborts, the shell keeps the first and requeues the others.
+    themselves never run ahead of their commit. Once ``budget`` is spent (also by a
+    process that stood still meanwhile) nothing more starts ahead. Fills in the attempts
+    started here (``started``) and the outcomes decided here (``decided``), also when a
+    decision raises: if the commit aborts, the shell keeps the first and requeues the
+    others.
     """
 
     def launch(since: int = 0) -> set[Attempt]:
@@ -357,7 +359,8 @@ def chain(
 
     if runner.hold:  # recoveries are waiting: nothing may start now
         return
-    waiting, deadline = launch(), time.monotonic() + budget
+    deadline = time.monotonic() + budget
+    waiting = launch()
     while waiting:
         try:
             outcome = outcomes.get(timeout=max(0.0, deadline - time.monotonic()))
@@ -369,4 +372,5 @@ def chain(
         run_id = decide(outcome)
         if outcome.isolated and run_id:
             careful.add(run_id)  # a recovered run goes on one committed step at a time
-        waiting |= launch(min(known, len(b.effects.steps)))
+        if time.monotonic() < deadline:  # past it (the process may have stood still) the
+            waiting |= launch(min(known, len(b.effects.steps)))  # steps wait for the commit
