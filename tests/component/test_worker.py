@@ -578,3 +578,29 @@ def test_an_instance_frozen_during_its_chain_starts_no_further_step_ahead_of_the
     assert bodies == {"stall": 1, "after": 1}
     assert check_run(facts(cluster, ns, "s"), expect_finished=True) == []
     rig.close()
+
+
+def test_a_step_queued_ahead_of_a_commit_that_aborts_waits_for_the_next_commit(tmp_path, ns):
+    """A chain's step may wait in the queue behind busy step threads. If the commit then
+    aborts (a zombie's does), it must not start later on its own: it is dropped from the
+    queue and the redone batch starts it once a commit succeeds."""
+    cluster, bodies = Cluster(), Counter[str]()
+    rig = Rig(make_app(ns, bodies), cluster, tmp_path, chain_budget=0.05, step_concurrency=1)
+    rig.log.assign([0, 1, 2, 3])
+    rig.until(lambda: len(rig.worker._owned) == 4)
+    start(cluster, ns, "busy", "dawdles", 1)  # its 0.3 s step holds the only step thread
+    rig.until(lambda: "dawdle 1" in bodies)
+    start(cluster, ns, "queued", "three", 10)  # its step waits behind it
+    rig.log.fail("send_offsets_to_transaction", ABORTABLE, times=10_000)  # a zombie, fenced
+    rig.until(lambda: rig.log.aborts >= 1)
+    deadline = time.monotonic() + 1.0  # the busy step ends meanwhile: the thread is free
+    while time.monotonic() < deadline:
+        rig.turn()
+    assert bodies == {"dawdle 1": 1}  # the queued step did not start after the abort
+    rig.log._faults.clear()
+    rig.until(lambda: {"busy", "queued"} <= ended(cluster, ns).keys())
+    assert ended(cluster, ns) == {"busy": 3, "queued": 13}
+    assert set(bodies.values()) == {1}
+    for run_id in ("busy", "queued"):
+        assert check_run(facts(cluster, ns, run_id), expect_finished=True) == []
+    rig.close()

@@ -241,10 +241,18 @@ class StepRunner:
     def keep(self, jobs: Iterable[StepJob], outcomes: Iterable[StepOutcome]) -> None:
         """``jobs`` ran (or run) ahead of a commit that aborted, and ``outcomes`` are those
         of them that ended: keep them for when the redone batch schedules them again.
-        The ones still running keep theirs when they end."""
+        The ones still running keep theirs when they end; the ones still queued are
+        dropped (the instance may be a zombie now: the redone batch starts them anew)."""
         with self._lock:
+            keys = {job.key for job in jobs}
+            queued = {j.key for q in (self._queued, self._isolated) for j in q if j.key in keys}
+            for q in (self._queued, self._isolated):
+                kept = [j for j in q if j.key not in queued]
+                q.clear()
+                q.extend(kept)
             for job in jobs:
-                self._kept[job.key] = (job.partition, None)
+                if job.key not in queued:
+                    self._kept[job.key] = (job.partition, None)
             for outcome in outcomes:
                 self._kept[outcome.key] = (outcome.partition, outcome)
 
