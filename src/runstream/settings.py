@@ -137,7 +137,9 @@ class Settings(BaseSettings):
         ge=0,
         description="Seconds a batch may wait for the steps it starts before it commits, so "
         "a chain of quick local steps (and the run's end) commits in one transaction; 0 "
-        "commits every step's start first.",
+        "commits every step's start first. Only while a commit or an assignment proved the "
+        "instance a member of its group within session_timeout_ms less two heartbeat "
+        "intervals (docs/concepts.md, Chains).",
     )
     activation_budget: float = Field(
         1.0,
