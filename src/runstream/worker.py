@@ -300,7 +300,7 @@ class Worker:
     ) -> Batch | None:
         """Decide ``records``, the internal work that is ready, and ``then``, in that order,
         and commit what they decided in one transaction; the batch, once committed."""
-        began, now, now_s = time.perf_counter(), int(time.time() * 1000), time.monotonic()
+        began, now = time.perf_counter(), int(time.time() * 1000)
         items: list[Work] = [*records, *self._inbox.take(now, self._steps), *then]
         if not items and not self._snapshots.due(now):
             return None
@@ -317,7 +317,8 @@ class Worker:
                         careful.add(run_id)
             # No longer than membership is proved (`_proved_at`): a freeze during the
             # chain shows as its budget spent, and starts nothing more.
-            budget = min(self.settings.chain_budget, self._proved_at + self._lease - now_s)
+            proof_left = self._proved_at + self._lease - time.monotonic()
+            budget = min(self.settings.chain_budget, proof_left)
             if budget > 0 and not (self._stopping.is_set() or self._owned.leaving):
                 chain(
                     b,

@@ -604,3 +604,37 @@ def test_a_step_queued_ahead_of_a_commit_that_aborts_waits_for_the_next_commit(t
     for run_id in ("busy", "queued"):
         assert check_run(facts(cluster, ns, run_id), expect_finished=True) == []
     rig.close()
+
+
+def test_an_instance_frozen_while_it_decides_starts_no_step_ahead_of_the_commit(
+    tmp_path, ns, monkeypatch
+):
+    """The freeze may fall while the batch is decided (the run's code ran while the
+    process stood still): the steps it schedules wait for the commit."""
+    cluster, bodies, app = Cluster(), Counter[str](), runstream.App(ns)
+    rig: Rig
+
+    @app.step
+    def after(x: int) -> int:
+        bodies["after"] += 1
+        return x + 1
+
+    @app.workflow
+    async def stalls(ctx: runstream.Context, x: int) -> int:
+        if not bodies["frozen"]:  # its first activation, as the batch is decided
+            bodies["frozen"] += 1
+            _freeze(monkeypatch, 14.0)
+            rig.log.fail("send_offsets_to_transaction", ABORTABLE, times=10_000)
+        return await ctx.step(after, x)
+
+    rig = Rig(app, cluster, tmp_path, chain_budget=2.0)
+    rig.log.assign([0, 1, 2, 3])
+    rig.until(lambda: len(rig.worker._owned) == 4)
+    start(cluster, ns, "s", "stalls", 1)
+    rig.until(lambda: rig.log.aborts >= 3)
+    assert bodies == {"frozen": 1}  # `after` did not run ahead of the failing commits
+    rig.log._faults.clear()
+    rig.until(lambda: "s" in ended(cluster, ns))
+    assert ended(cluster, ns)["s"] == 2
+    assert bodies == {"frozen": 1, "after": 1}
+    rig.close()
