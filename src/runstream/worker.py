@@ -16,7 +16,6 @@ and the transaction in `topics.outbox`, the rules are in `engine`, internal work
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import threading
@@ -37,6 +36,7 @@ from runstream.metrics import EngineMetrics, MetricsServer, Snapshot, serve
 from runstream.ownership import Partitions
 from runstream.runtime.budget import ActivationBudget
 from runstream.runtime.inbox import Inbox
+from runstream.runtime.membership import Membership
 from runstream.runtime.steps import StepRunner, chain
 from runstream.schemas.codec import Codec
 from runstream.schemas.records import END_FACTS, LIMIT_PREFIX, StepHandedOver
@@ -101,17 +101,7 @@ class Worker:
         self._blobs = KafkaBlobs(client_config(s.bootstrap(), s.kafka), self.topics.blobs)
         self._files = InstanceFiles(self.state_dir, self.instance_id)
         self._parked = StuckRuns(self._files)
-        # When membership was last proved (time.monotonic()): an assignment, or a commit
-        # that sent offsets (the group's generation checked). An instance frozen past its
-        # session wakes up a zombie whose partitions another owner took, ran and committed,
-        # so no step runs ahead of its commit (`runtime.steps.chain`) unless the proof is
-        # younger than a session allows: heartbeats go on librdkafka's own thread, so an
-        # older one means the whole process stood still (SIGSTOP, a paused VM) or lost the
-        # broker. An aborted commit voids the proof. This narrows the window to a freeze
-        # between the check and a body's start; only a fence could close it.
-        self._proved_at = -math.inf
-        group = s.group_session()
-        self._lease = (group["session.timeout.ms"] - 2 * group["heartbeat.interval.ms"]) / 1000
+        self._membership = Membership(s.group_session())  # how long steps may run ahead
         self._snapshots = Snapshots(None, 0, 0)  # set at connect, once the topic is known
 
     # -- lifecycle -------------------------------------------------------------------
@@ -211,7 +201,7 @@ class Worker:
     # -- partition ownership (called inside poll(), on this thread) ----------------------
     def assigned(self, partitions: list[int]) -> None:
         """Kafka gave us ``partitions``: restore them before taking their commands."""
-        self._proved_at = time.monotonic()  # the group's answer: a member now
+        self._membership.proved()  # the group's answer: a member now
         self._owned.assigned(partitions)
 
     def revoked(self, partitions: list[int], lost: bool) -> None:
@@ -315,10 +305,9 @@ class Worker:
                     run_id = decider.handle(b, item)
                     if run_id and not self._owned.fresh(item):
                         careful.add(run_id)
-            # No longer than membership is proved (`_proved_at`): a freeze during the
-            # chain shows as its budget spent, and starts nothing more.
-            proof_left = self._proved_at + self._lease - time.monotonic()
-            budget = min(self.settings.chain_budget, proof_left)
+            # No longer than membership is proved: a freeze during the chain shows as
+            # its budget spent, and starts nothing more.
+            budget = min(self.settings.chain_budget, self._membership.left())
             if budget > 0 and not (self._stopping.is_set() or self._owned.leaving):
                 chain(
                     b,
@@ -370,7 +359,7 @@ class Worker:
         """Drop the batch: its commands are read again, its internal work is requeued, and
         what its chain ran is kept for when the redone batch schedules it again."""
         self.stats["aborted"] += 1
-        self._proved_at = -math.inf  # a zombie's commit aborts: start nothing ahead
+        self._membership.doubted()  # a zombie's commit aborts: start nothing ahead
         if self._decider is not None:
             self._decider.forget(b.runs)
         first: dict[int, int] = {}  # every command taken, decided or not (an overrun)
@@ -389,7 +378,7 @@ class Worker:
         timers, start the steps."""
         self.stats["transactions"] += 1
         if b.consumed or b.effects.facts:  # it sent offsets (`outbox.commit`), which the
-            self._proved_at = sent_at  # group's coordinator took: its generation was ours
+            self._membership.proved(sent_at)  # group's coordinator took: a member then
         self.stats["commands"] += sum(last - first + 1 for first, last in b.consumed.values())
         self.stats["facts"] += len(b.effects.facts)
         self._project(b, written)

@@ -510,6 +510,25 @@ def _freeze(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     monkeypatch.setattr(time, "monotonic", lambda: now() + seconds)
 
 
+def _frozen_then_fenced_runs_nothing_ahead(
+    rig: Rig, cluster: Cluster, ns: str, bodies: Counter[str], before: dict[str, int]
+) -> None:
+    """Start run "s" of the rig's ``stalls`` workflow, which freezes the instance and
+    fences its commits on the way: while they fail, only ``before`` ran (its step
+    `after` did not run ahead); then the instance commits and the run ends."""
+    rig.log.assign([0, 1, 2, 3])
+    rig.until(lambda: len(rig.worker._owned) == 4)
+    start(cluster, ns, "s", "stalls", 1)
+    rig.until(lambda: rig.log.aborts >= 3)
+    assert bodies == before  # `after` did not run ahead of the failing commits
+    rig.log._faults.clear()
+    rig.until(lambda: "s" in ended(cluster, ns))
+    assert ended(cluster, ns)["s"] == 2
+    assert bodies == {**before, "after": 1}
+    assert check_run(facts(cluster, ns, "s"), expect_finished=True) == []
+    rig.close()
+
+
 def test_an_instance_frozen_past_its_session_runs_no_step_ahead_of_its_next_commit(
     tmp_path, ns, monkeypatch
 ):
@@ -567,17 +586,7 @@ def test_an_instance_frozen_during_its_chain_starts_no_further_step_ahead_of_the
         return await ctx.step(after, await ctx.step(stall, x))
 
     rig = Rig(app, cluster, tmp_path, chain_budget=2.0)
-    rig.log.assign([0, 1, 2, 3])
-    rig.until(lambda: len(rig.worker._owned) == 4)
-    start(cluster, ns, "s", "stalls", 1)
-    rig.until(lambda: rig.log.aborts >= 3)
-    assert bodies == {"stall": 1}  # `after` did not run ahead of the failing commits
-    rig.log._faults.clear()
-    rig.until(lambda: "s" in ended(cluster, ns))
-    assert ended(cluster, ns)["s"] == 2
-    assert bodies == {"stall": 1, "after": 1}
-    assert check_run(facts(cluster, ns, "s"), expect_finished=True) == []
-    rig.close()
+    _frozen_then_fenced_runs_nothing_ahead(rig, cluster, ns, bodies, {"stall": 1})
 
 
 def test_a_step_queued_ahead_of_a_commit_that_aborts_waits_for_the_next_commit(tmp_path, ns):
@@ -628,13 +637,4 @@ def test_an_instance_frozen_while_it_decides_starts_no_step_ahead_of_the_commit(
         return await ctx.step(after, x)
 
     rig = Rig(app, cluster, tmp_path, chain_budget=2.0)
-    rig.log.assign([0, 1, 2, 3])
-    rig.until(lambda: len(rig.worker._owned) == 4)
-    start(cluster, ns, "s", "stalls", 1)
-    rig.until(lambda: rig.log.aborts >= 3)
-    assert bodies == {"frozen": 1}  # `after` did not run ahead of the failing commits
-    rig.log._faults.clear()
-    rig.until(lambda: "s" in ended(cluster, ns))
-    assert ended(cluster, ns)["s"] == 2
-    assert bodies == {"frozen": 1, "after": 1}
-    rig.close()
+    _frozen_then_fenced_runs_nothing_ahead(rig, cluster, ns, bodies, {"frozen": 1})
