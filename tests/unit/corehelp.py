@@ -77,12 +77,13 @@ class Core:
     def state(self, run_id: str) -> State:
         return self.states.get(run_id) or new_state(run_id)
 
-    def handle(self, work: Work) -> Batch:
-        """Decide ``work`` and commit the batch, as the shell would."""
+    def handle(self, *work: Work) -> Batch:
+        """Decide ``work``, in one batch, and commit it, as the shell would."""
         b = Batch(
             lambda _p, run_id: self.state(run_id), self.now, self.parked, lambda _p: self.since
         )
-        self.decider.handle(b, work)
+        for item in work:
+            self.decider.handle(b, item)
         for run_id, w in b.runs.items():
             self.states[run_id] = w.after
         fx = b.effects
@@ -100,11 +101,20 @@ class Core:
 
     def record(self, value: bytes, key: bytes | None = None, partition: int = 0) -> Batch:
         """A raw record arriving on the commands topic."""
+        return self.handle(self.log_record(value, key, partition))
+
+    def log_record(self, value: bytes, key: bytes | None = None, partition: int = 0) -> LogRecord:
+        """The next record of the commands topic, not yet handled."""
         self.offset += 1
-        return self.handle(LogRecord("t.commands", partition, self.offset, key, value))
+        return LogRecord("t.commands", partition, self.offset, key, value)
 
     def command(self, cmd: Record) -> Batch:
         return self.record(self.codec.encode(cmd), cmd.run_id.encode())  # type: ignore[attr-defined]
+
+    def commands_in_one_batch(self, *cmds: Record) -> Batch:
+        """``cmds`` consumed together, as one poll's records are."""
+        recs = [self.log_record(self.codec.encode(c), c.run_id.encode()) for c in cmds]  # type: ignore[attr-defined]
+        return self.handle(*recs)
 
     def start(
         self, run_id: str, workflow: str, value: Any = None, version: str | None = None

@@ -31,7 +31,16 @@ from runstream.interceptors import (
     outgoing_headers,
 )
 from runstream.runtime.steps import execute
-from runstream.schemas.records import LiveQuery, Pause, QueryAnswer, StartRun, Unpause, Update
+from runstream.schemas.records import (
+    LiveQuery,
+    Pause,
+    QueryAnswer,
+    Reason,
+    Signal,
+    StartRun,
+    Unpause,
+    Update,
+)
 
 from .corehelp import Core
 
@@ -245,6 +254,24 @@ def test_a_runs_start_and_a_handlers_start_are_live_once_though_nothing_settled_
         assert next(r for _, what, r in log[mark:] if what == "activate") is True
     assert [r for _, what, r in log if what == "execute"].count(False) == 2  # r's, s's
     assert [r for _, what, r in log if what == "update add"] == [False, True]
+
+
+def test_a_runs_start_is_live_once_though_a_later_command_of_its_batch_was_undone() -> None:
+    """One batch starts the run, refuses an oversize signal for it (its decision undone,
+    the run's cached coroutine dropped) and then takes the signal the code waits for: that
+    activation replays the start, which the batch's first activation ran live."""
+    log: list[tuple[str, str, bool]] = []
+    core = Core(registry(Recorder("a", log)))
+    huge = payload.dumps("x" * (2 << 20))  # more than the largest record
+    core.commands_in_one_batch(
+        StartRun("r", "counter", input=payload.dumps(1)),
+        Signal("r", "other", payload=huge, signal_id="s1"),
+        Signal("r", "stop", payload=payload.dumps(0), signal_id="s2"),
+    )
+    assert [d.code for d in core.dead] == [Reason.OVERSIZE]
+    assert core.state("r").status == "completed"
+    assert [r for _, what, r in log if what == "execute"] == [False, True]
+    assert [r for _, what, r in log if what == "activate"] == [False, True]
 
 
 def test_a_restart_replays_what_the_journal_holds() -> None:

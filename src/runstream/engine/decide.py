@@ -296,7 +296,9 @@ class Decider:
             for fact in b.effects.facts:
                 if fact.run_id == key:
                     apply(w.after, fact)
-        return b.runs[run_id].after
+        w = b.runs[run_id]
+        w.seen = w.after.copy()  # what the batch's earlier activations ran: a replay now
+        return w.after
 
     def _dead_letter(
         self,

@@ -230,11 +230,15 @@ class Effects:
 
 @dataclass(slots=True)
 class Working:
-    """A run's (or an entity's) state before the batch (as committed) and its working copy."""
+    """A run's (or an entity's) state before the batch (as committed) and its working copy.
+    ``seen``: after the batch dropped the run's cached coroutine (`Decider._undo`), the
+    state its code had seen, so the replay that follows in the batch is one to the
+    interceptors up to there (`rules.context.settled`)."""
 
     partition: int
     before: State
     after: State
+    seen: State | None = None
 
 
 class Batch:

@@ -51,10 +51,13 @@ class Rules:
 
 
 def settled(b: Batch, st: RunState) -> Settled:
-    """What an earlier activation of the run's code saw settle (`workflow_context.Settled`): what
-    was settled before this batch and still is (a retry reopens failed steps), and not
-    while the run was paused (its code sees that first now)."""
-    before = b.runs[st.run_id].before if st.run_id in b.runs else st
+    """What an earlier activation of the run's code saw settle (`Settled`): what was
+    settled before this batch and still is (a retry reopens failed steps), and not while
+    the run was paused (its code sees that first now). "Before this batch" is before the
+    batch dropped the run's coroutine, if it did (`Working.seen`): what the batch's
+    earlier activations ran is a replay too."""
+    w = b.runs.get(st.run_id)
+    before = st if w is None else w.seen or w.before
     if not isinstance(before, RunState):
         return Settled(0)
     # An operation recorded (open or settled) means its code ran before this batch.
