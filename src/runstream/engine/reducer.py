@@ -1,4 +1,5 @@
-"""`apply(state, fact)`: the only place the state of a run or an entity changes.
+"""`apply(state, fact)`: the only place the state of a run or an entity changes (an
+entity's facts: `entity_reducer`).
 
 No clock, no I/O, no randomness: replaying a run's journal facts in order
 always gives the same state, which is what restore and rebuild rely on.
@@ -13,14 +14,12 @@ from dataclasses import fields, replace
 from typing import TypeVar
 
 from runstream.engine import blobs
+from runstream.engine.entity_reducer import apply_to_entity
 from runstream.engine.state import (
-    EventEntityState,
-    LimitState,
     RunState,
-    ScheduleState,
     State,
     Status,
-    TaskGroupState,
+    UnknownFactError,
     new_state,
 )
 from runstream.errors import BlobUnavailable
@@ -28,25 +27,14 @@ from runstream.schemas.records import (
     END_FACTS,
     RUN_PERMIT_SEQ,
     UPDATE_SEQ_BASE,
-    BatchStarted,
     ChildEnded,
     ChildStarted,
     CompensationStarted,
     EventAwaited,
-    EventBatched,
-    EventMatched,
-    EventPublished,
     EventReceived,
-    EventSubscribed,
     EventTimedOut,
     Fact,
-    GroupPaused,
-    GroupUnpaused,
-    LimitSet,
-    PermitGranted,
-    PermitQueued,
     PermitReceived,
-    PermitReleased,
     PermitRequested,
     PromiseCompleted,
     PromiseCreated,
@@ -63,9 +51,6 @@ from runstream.schemas.records import (
     RunRetried,
     RunStarted,
     RunUnpaused,
-    ScheduleChanged,
-    ScheduleFired,
-    ScheduleSet,
     SeqFact,
     SignalAwaited,
     SignalBuffered,
@@ -76,7 +61,6 @@ from runstream.schemas.records import (
     StepHandedOver,
     StepHeld,
     StepStarted,
-    TaskHeld,
     TimerFired,
     TimerScheduled,
     UpdateAccepted,
@@ -87,24 +71,14 @@ from runstream.schemas.records import (
 S = TypeVar("S", bound=State)
 
 
-class UnknownFactError(ValueError):
-    """A fact type the reducer has no rule for: never skipped silently."""
-
-
 def apply(state: S, fact: Fact) -> S:
     """Fold ``fact`` into ``state`` (in place) and return it: a run's facts into a run,
     each entity's own facts into it (`state.State`)."""
     state.facts += 1
     if isinstance(state, RunState):
         _run(state, fact)
-    elif isinstance(state, EventEntityState):
-        _event_entity(state, fact)
-    elif isinstance(state, LimitState):
-        _limit(state, fact)
-    elif isinstance(state, TaskGroupState):
-        _task_group(state, fact)
     else:
-        _schedule(state, fact)
+        apply_to_entity(state, fact)
     return state
 
 
@@ -252,78 +226,12 @@ def _run(state: RunState, fact: Fact) -> None:
             raise UnknownFactError(type(fact).__name__)
 
 
-def _event_entity(state: EventEntityState, fact: Fact) -> None:
-    match fact:
-        case EventPublished() | EventSubscribed() | EventMatched():
-            _correlate(state, fact)
-        case EventBatched():
-            state.batches.setdefault(fact.workflow, []).append(fact)
-        case BatchStarted():
-            state.batches.pop(fact.workflow, None)
-        case _:
-            raise UnknownFactError(f"{type(fact).__name__} on event entity {state.run_id!r}")
-
-
-def _task_group(state: TaskGroupState, fact: Fact) -> None:
-    match fact:
-        case GroupPaused():
-            state.paused = fact
-            state.pause_ids.add(fact.pause_id)
-        case GroupUnpaused():  # its runs are sent their ReleaseTask with it
-            state.paused, state.held = None, []
-            state.pause_ids.add(fact.pause_id)
-        case TaskHeld():
-            state.held.append((fact.holder, fact.seq))
-        case _:
-            raise UnknownFactError(f"{type(fact).__name__} on task group {state.run_id!r}")
-
-
-def _limit(state: LimitState, fact: Fact) -> None:
-    match fact:
-        case LimitSet():
-            state.limit = fact
-        case PermitQueued():
-            state.queue.append(fact)
-        case PermitGranted():
-            _take_from_queue(state, fact.holder, fact.seq)
-            state.held[fact.holder, fact.seq] = fact
-            state.served[fact.fairness] = state.grants
-            state.grants += 1
-            if state.limit is not None and state.limit.rate:
-                state.tat_ms = max(state.tat_ms, fact.at_ms) + 1000 / state.limit.rate
-        case PermitReleased():
-            if state.held.pop((fact.holder, fact.seq), None) is None:
-                _take_from_queue(state, fact.holder, fact.seq)
-            if fact.value is not None:  # a durable entity's call ended with this state
-                state.value = fact.value
-        case _:
-            raise UnknownFactError(f"{type(fact).__name__} on limit entity {state.run_id!r}")
-
-
-def _schedule(state: ScheduleState, fact: Fact) -> None:
-    match fact:
-        case ScheduleSet():
-            state.schedule, state.paused, state.next_fire_ms = fact, False, fact.next_fire_ms
-        case ScheduleFired():
-            state.next_fire_ms = fact.next_fire_ms
-        case ScheduleChanged():
-            state.paused, state.next_fire_ms = fact.op == "paused", fact.next_fire_ms
-            if fact.op == "deleted":
-                state.schedule = None
-        case _:
-            raise UnknownFactError(f"{type(fact).__name__} on schedule entity {state.run_id!r}")
-
-
 def fold(run_id: str, facts: Iterable[Fact]) -> State:
     """The state of ``run_id`` after ``facts``, from nothing."""
     state = new_state(run_id)
     for fact in facts:
         apply(state, fact)
     return state
-
-
-def _take_from_queue(state: LimitState, holder: str, seq: int) -> None:
-    state.queue = [q for q in state.queue if (q.holder, q.seq) != (holder, seq)]
 
 
 def _settle(
@@ -373,39 +281,6 @@ def _reopen(state: RunState, fact: RunRetried) -> None:
         state.handler_seqs.discard(seq)
     if state.top_seq in fact.seqs:  # rare: a walk of the history, once per retry
         state.top_seq = max((s for s in state.resolved if s < UPDATE_SEQ_BASE), default=None)
-
-
-#: How many recent event ids a correlation entity remembers to count a retried publish once.
-EVENT_IDS_KEPT = 1000
-
-
-def _correlate(
-    state: EventEntityState, fact: EventPublished | EventSubscribed | EventMatched
-) -> None:
-    """A correlation entity's events and waits. Only facts' own times are used, so the
-    fold stays pure: an event is dropped once a later fact is past its time to live."""
-    match fact:
-        case EventPublished():
-            state.events = [e for e in state.events if e.expires_at_ms > fact.at_ms]
-            if fact.expires_at_ms > fact.at_ms:
-                state.events.append(fact)
-            state.event_ids = [*state.event_ids[-(EVENT_IDS_KEPT - 1) :], fact.event_id]
-            kept = {e.event_id for e in state.events}
-            state.delivered = {d for d in state.delivered if d[1] in kept}
-            if len(state.matched) > EVENT_IDS_KEPT:  # bounded by the ids remembered
-                known = set(state.event_ids)
-                state.matched = {k: e for k, e in state.matched.items() if e in known}
-        case EventSubscribed():
-            state.subscriptions.append((fact.subscriber, fact.seq))
-        case EventMatched(undone=True):  # given back: a later wait of the run may have it
-            state.delivered.discard((fact.subscriber, fact.event_id))
-            state.matched.pop((fact.subscriber, fact.seq), None)
-        case EventMatched():
-            if (fact.subscriber, fact.seq) in state.subscriptions:
-                state.subscriptions.remove((fact.subscriber, fact.seq))
-            if fact.event_id:
-                state.delivered.add((fact.subscriber, fact.event_id))
-                state.matched[fact.subscriber, fact.seq] = fact.event_id
 
 
 def _consume_buffered(state: RunState, signal_id: str) -> None:
