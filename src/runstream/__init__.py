@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from runstream.app import App
     from runstream.client import Client, RunInfo, UpdateHandle
+    from runstream.engine.context_interactions import Promise
     from runstream.engine.entities import EntityContext, SharedContext, shared
     from runstream.engine.steps import StepContext
-    from runstream.engine.workflow_context import Context, Promise
+    from runstream.engine.workflow_context import Context
     from runstream.errors import (
         BlobUnavailable,
         ChildFailed,
@@ -115,7 +116,7 @@ _HOME = {
     "RunInfo": "runstream.client",
     "UpdateHandle": "runstream.client",
     "Context": "runstream.engine.workflow_context",
-    "Promise": "runstream.engine.workflow_context",
+    "Promise": "runstream.engine.context_interactions",
     "Settings": "runstream.settings",
     "StepContext": "runstream.engine.steps",
     "Worker": "runstream.worker",

@@ -9,9 +9,9 @@ from typing import Any
 
 from runstream.engine.reducer import apply
 from runstream.engine.rules.context import settled
+from runstream.engine.settled import Settled
 from runstream.engine.state import RunState
 from runstream.engine.work import Batch
-from runstream.engine.workflow_context import Settled
 from runstream.schemas.records import (
     UPDATE_SEQ_BASE,
     Fact,

@@ -47,9 +47,10 @@ from runstream.engine.requests import (
     close_coroutine,
     recorded_op,
 )
+from runstream.engine.settled import ALL_SETTLED, Settled
 from runstream.engine.state import RunState
 from runstream.engine.workflow import Registry, WorkflowDef
-from runstream.engine.workflow_context import ALL_SETTLED, Context, Settled
+from runstream.engine.workflow_context import Context
 from runstream.errors import NonDeterminismError, QueryFailed
 from runstream.schemas.records import UPDATE_SEQ_BASE
 

@@ -6,22 +6,26 @@ the first call without a recorded result suspends the workflow by awaiting a `Su
 with its request (`engine.requests`), which its driver (`engine.replay`) gets out of
 the coroutine. Calls go through the interceptors' outbound links (`_Outbound` is the
 last). The update handlers a workflow registers run here too, with seqs of their own.
+The operations that let others talk to the run (promises, events, queries, entity reads,
+update handlers) are `context_interactions.Interactions`, which `Context` inherits.
 
 Not to be confused with `engine.rules.context`, what the engine's rules share.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import random as _random
 import uuid as _uuid
-from collections.abc import Awaitable, Callable, Generator
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from runstream.engine import payload
+from runstream.engine.context_interactions import (
+    Interactions,
+    QueryHandler,
+)
 from runstream.engine.entities import CHAIN_HEADER, EntityRef, chain_of
 from runstream.engine.interceptors import (
     ChildInput,
@@ -42,10 +46,8 @@ from runstream.engine.requests import (
     ChildHandle,
     Compensation,
     ContinuedAsNew,
-    EntityRead,
     EventWait,
     NonDeterministic,
-    PromiseWait,
     Recorded,
     SignalWait,
     SleepCall,
@@ -53,18 +55,14 @@ from runstream.engine.requests import (
     Suspend,
     recorded_op,
 )
+from runstream.engine.settled import Settled
 from runstream.engine.state import RunState
-from runstream.engine.update_handlers import UpdateHandler, UpdateHandlers
+from runstream.engine.update_handlers import UpdateHandlers
 from runstream.engine.workflow import Registry, seconds
 from runstream.errors import (
     ChildFailed,
-    EventRefused,
     EventTimeout,
     NonDeterminismError,
-    PromiseRejected,
-    PromiseTimeout,
-    QueryFailed,
-    QueryTimeout,
     SignalTimeout,
     StepError,
 )
@@ -73,9 +71,6 @@ from runstream.schemas.records import (
     ChildStarted,
     EventReceived,
     EventTimedOut,
-    PromiseCompleted,
-    PromiseCreated,
-    RunEventSet,
     SeqFact,
     SignalReceived,
     SignalTimedOut,
@@ -83,55 +78,10 @@ from runstream.schemas.records import (
     StepFailed,
     TimerFired,
     ValueRecorded,
-    entity_lock_id,
-    promise_id,
 )
 
-#: The longest key of `Context.set_event`, in bytes of UTF-8 (a read model key holds it).
-MAX_EVENT_KEY_BYTES = 255
 
-#: A live query handler (`Context.query_handler`): called with the query's argument.
-QueryHandler = Callable[..., Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Settled:
-    """What an earlier activation of the run's code saw settle, so what is a replay to
-    the interceptors (``is_replaying``): the workflow's operations below seq ``below``,
-    and the update handlers' operations in ``handlers`` (seqs of their own). Where the
-    code and a handler start, what counts is whether an earlier activation began them,
-    settled anything or not: ``began`` (the run's code recorded an operation) and
-    ``accepted`` (the updates whose handlers were running)."""
-
-    below: int
-    handlers: frozenset[int] = frozenset()
-    everything: bool = False
-    began: bool = False
-    accepted: frozenset[str] = frozenset()
-
-
-#: For a replay that re-runs a history (compensations, a relaunch, a query): all of it.
-ALL_SETTLED = Settled(1 << 62, everything=True, began=True)
-
-
-class Promise:
-    """A durable promise (`Context.promise`), named by ``id``: ``await promise`` gives
-    the value it was resolved with, or raises `PromiseRejected` or `PromiseTimeout`.
-    Awaiting it again gives the same outcome."""
-
-    __slots__ = ("_ctx", "id", "seq")
-
-    def __init__(self, ctx: Context, seq: int, pid: str) -> None:
-        self._ctx, self.seq, self.id = ctx, seq, pid
-
-    def __repr__(self) -> str:
-        return f"<Promise {self.id!r}>"
-
-    def __await__(self) -> Generator[Any, None, Any]:
-        return self._ctx._outcome(self).__await__()
-
-
-class Context:
+class Context(Interactions):
     """What a workflow gets as its first argument: the durable operations.
 
     Each operation takes the next sequence number of the run; on replay it returns what
@@ -385,96 +335,6 @@ class Context:
         data = payload.dumps(c.input)
         return ChildCall(seq, c.workflow, data, child_id, c.awaited, c.parent_close, c.headers)
 
-    def promise(self, timeout: float | str | None = None) -> Promise:
-        """A durable promise. Its ``id``, ``<run_id>/promise/<seq>``, is recorded in the
-        decision that goes on to the code after this call, so a step that sends the id
-        counts only once the id is on the journal (and a replay gives the same id).
-        Anyone completes it, once: `Client.resolve` / `Client.reject`, ``runstream
-        promise resolve|reject``, or a plain `CompletePromise` record; a completion that
-        comes before the workflow awaits it is kept. ``timeout`` (from now) completes it
-        as timed out if nobody did by then: its await raises `PromiseTimeout`, and a
-        later completion is refused."""
-        secs = None if timeout is None else seconds(timeout)
-        seq = self._next()
-        pid = promise_id(self.run_id, seq)
-        if self._recorded(seq, "promise") is None:
-            due = None if secs is None else self._now_ms + int(secs * 1000)
-            self._new.append(
-                PromiseCreated(
-                    self.run_id, self._now_ms, seq=seq, promise_id=pid, timeout_at_ms=due
-                )
-            )
-        return Promise(self, seq, pid)
-
-    async def _outcome(self, promise: Promise) -> Any:
-        """What awaiting ``promise`` gives: its outcome once recorded (no seq of its own:
-        the promise's completion, or its timeout, is the one fact that settles it)."""
-        if self._updates.current is None:  # an await takes no seq, but the code may wait here
-            self._updates.point()
-        fact = self._recorded(promise.seq, "promise")
-        while not isinstance(fact, PromiseCompleted):
-            await Suspend(PromiseWait(promise.seq))
-            fact = self._recorded(promise.seq, "promise")
-        if fact.timed_out:
-            raise PromiseTimeout(promise.id, fact.error or f"promise {promise.id!r} timed out")
-        if fact.error is not None:
-            raise PromiseRejected(promise.id, fact.error)
-        return payload.loads(fact.value or b"null")
-
-    def set_event(self, key: str, value: Any = None) -> None:
-        """Publish ``value`` under ``key`` for readers outside the run: a fact in the
-        journal (a replay does not record it again) and a ``run.event_set`` event on the
-        lifecycle stream, which `Client.get_event` reads from the runs read model, with
-        no engine needed. Setting a key again replaces its value. Raises `EventRefused`
-        for a value larger than `Limits.event_value` bytes of JSON, or a new key past
-        `Limits.event_keys` keys in this run."""
-        seq = self._next()
-        key = str(key)
-        if self._recorded(seq, "set_event " + key) is not None:
-            return
-        if not 0 < len(key.encode()) <= MAX_EVENT_KEY_BYTES:
-            raise EventRefused(f"an event key is 1 to {MAX_EVENT_KEY_BYTES} bytes, not {key!r}")
-        data = payload.dumps(value)
-        most = min(self._limits.event_value, self._limits.payload)
-        if len(data) > most:
-            raise EventRefused(
-                f"ctx.set_event({key!r}): the value is {len(data):,} bytes of JSON; "
-                f"the limit is {most:,} (Limits.event_value)"
-            )
-        keys = self._event_keys()
-        if key not in keys and len(keys) >= self._limits.event_keys:
-            raise EventRefused(
-                f"ctx.set_event({key!r}): run {self.run_id!r} has set {len(keys)} keys, the "
-                "limit (Limits.event_keys); set one of them again, or keep a dict in one key"
-            )
-        self._new.append(RunEventSet(self.run_id, self._now_ms, seq=seq, key=key, value=data))
-        keys.add(key)
-
-    def _event_keys(self) -> set[str]:
-        """The keys this run has set so far (recorded, and earlier in this replay): read
-        from the history once per state the code runs against, not once per call."""
-        token = (id(self._state), self._state.facts)
-        if self._keys is None or self._keys[0] != token:
-            facts = [*self._state.resolved.values(), *self._new]
-            self._keys = (token, {f.key for f in facts if isinstance(f, RunEventSet)})
-        return self._keys[1]
-
-    def query_handler(self, name: str) -> Callable[[QueryHandler], QueryHandler]:
-        """Declare a live query handler, as a decorator, on a plain (not async) function:
-        ``client.query(run_id, name, arg)`` calls it (with ``arg`` if it takes one) on the
-        run's owner, on the workflow as replayed to its current state, and answers with
-        what it returns (JSON). Handlers read the workflow's variables (a closure); they
-        may not call durable operations, and a query never changes the journal. Declare
-        them before the first wait so every query finds them."""
-
-        def register(fn: QueryHandler) -> QueryHandler:
-            if inspect.iscoroutinefunction(inspect.unwrap(fn)):
-                raise TypeError(f"query handler {name!r} must be a plain def, not async")
-            self._queries[name] = fn
-            return fn
-
-        return register
-
     def now(self) -> datetime:
         """The time, recorded on first execution so replays see the same value."""
         return datetime.fromtimestamp(self._value("now", lambda: self._now_ms) / 1000, UTC)
@@ -492,72 +352,12 @@ class Context:
         ``await ctx.entity("cart", key).call("add", item)`` is a journaled call."""
         return EntityRef(self, name, key, chain_of(self.headers))
 
-    async def _entity_read(
-        self, entity: str, key: str, handler: str, arg: Any, timeout: float | str | None
-    ) -> Any:
-        """`EntityRef.read`, through the outbound interceptors."""
-        seq = self._peek()
-        call = EntityReadInput(
-            self.run_id,
-            seq,
-            entity,
-            key,
-            handler,
-            arg,
-            None if timeout is None else seconds(timeout),
-            self.headers,
-            self._opened_at(seq),
-            self.is_replaying,
-            self._state.retries + 1,
-        )
-        return await self._outbound.entity_read(call)
-
-    async def _read(self, call: EntityReadInput) -> Any:
-        """A shared entity read: asked the first time, its answer (or its timeout) a fact
-        (`PromiseCompleted`) a replay returns. Raises `QueryFailed` with the handler's
-        error, `QueryTimeout` past ``call.timeout``."""
-        seq = self._next()
-        lock, pid = entity_lock_id(call.entity, call.key), promise_id(self.run_id, seq)
-        asked = payload.dumps({"entity": call.entity, "key": call.key, "arg": call.arg})
-        fact = self._recorded(seq, "promise")
-        while not isinstance(fact, PromiseCompleted):
-            read = EntityRead(seq, pid, lock, call.handler, asked, call.timeout, dict(call.headers))
-            await Suspend(read)
-            fact = self._recorded(seq, "promise")
-        if fact.timed_out:
-            what = f"{call.handler!r} of entity {call.entity!r} key {call.key!r}"
-            raise QueryTimeout(f"no answer of {what} within {call.timeout} s")
-        if fact.error is not None:
-            raise QueryFailed(fact.error)
-        return payload.loads(fact.value or b"null")
-
     def continue_as_new(self, input: Any = None) -> None:
         """End this run and start ``<run_id>~N`` with ``input`` and a fresh history."""
         call = ContinueAsNewInput(
             self.run_id, input, dict(self.headers), self.is_replaying, self._state.retries + 1
         )
         self._outbound.continue_as_new(call)
-
-    def update_handler(
-        self,
-        name: str,
-        fn: Callable[[Any], Awaitable[Any]] | None = None,
-        *,
-        validator: Callable[[Any], Any] | None = None,
-    ) -> Any:
-        """Handle updates ``name`` (`Client.update`) with ``fn(arg)``, an ``async def``
-        that may await steps, sleeps and waits like workflow code and whose return value
-        is the update's result. ``validator(arg)``, a plain function, runs first on the
-        run's current state inside the engine's decision: if it raises, the update is
-        rejected with its error and leaves no trace in the history. Used as a decorator
-        without ``fn``. Register handlers before the workflow's first durable call, so a
-        run can take updates as soon as it starts (update-with-start)."""
-
-        def register(f: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
-            self._updates.registered[name] = UpdateHandler(name, f, validator)
-            return f
-
-        return register if fn is None else register(fn)
 
     # -- internals ---------------------------------------------------------------
     def _peek(self) -> int:

@@ -8,10 +8,10 @@ from contextlib import AbstractContextManager
 
 from runstream.engine.limits import Limits
 from runstream.engine.replay import Replayer
+from runstream.engine.settled import Settled
 from runstream.engine.state import RunState
 from runstream.engine.work import Batch
 from runstream.engine.workflow import Registry
-from runstream.engine.workflow_context import Settled
 from runstream.schemas.records import UPDATE_SEQ_BASE, Reason
 
 Activation = Callable[[str], AbstractContextManager[None]]
