@@ -4,7 +4,9 @@ Unlike `corehelp.Core` (every command delivered at once, step bodies run at once
 `Shell` here lets a test choose when each thing happens, as Kafka and threads would:
 
 - commands (client ones and the ones runs send each other) wait in one queue per
-  partition and are delivered in order per partition, when a test says so;
+  partition and are delivered in order per partition, when a test says so: one to a
+  batch, or several of one or more partitions in one batch with internal work that is
+  ready after them (`poll`), as the shell's poll loop decides them;
 - a batch that decides nothing (`Batch.empty`) is dropped, as `worker._process` drops it,
   unless it changed a state with no fact (`Batch.changed`): that change is kept;
 - local step bodies wait in `jobs` and their outcome is chosen by the test; remote
@@ -17,14 +19,14 @@ Unlike `corehelp.Core` (every command delivered at once, step bodies run at once
   transaction redone, a command delivered twice, a cache miss.
 
 Every committed fact is kept in `journal`, in commit order, and every command consumed
-in `log`, with the batch it made.
+in `log`, with the batch it was decided in and its own share of that batch (`Share`).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
 from runstream.engine import blobs, payload
@@ -53,12 +55,27 @@ from runstream.schemas.records import (
     DeadLetter,
     Fact,
     IdKind,
+    QueryAnswer,
+    RunInfo,
     StepResult,
     StepTask,
+    UpdateReply,
     id_kind,
 )
 
 JOURNAL = "m.journal"
+
+
+@dataclass
+class Share:
+    """What deciding one work item added to its batch (the batch's other items aside; a
+    decision that was refused or failed keeps only its dead letter, `Decider._undo`),
+    and the state of its run (or entity) in the batch just before it was decided."""
+
+    facts: list[Fact]
+    dead_letters: list[DeadLetter]
+    replies: list[tuple[str, RunInfo | QueryAnswer | UpdateReply]]
+    before: State
 
 
 @dataclass
@@ -67,7 +84,8 @@ class Delivered:
 
     cmd: Command
     internal: bool  # sent by a run or an entity (else by a client or a task worker)
-    batch: Batch | None  # None: dropped as empty
+    batch: Batch | None  # the batch it was decided in (None: dropped as empty)
+    share: Share  # its own part of that batch, which may have decided other work too
 
 
 class TopicBlobs:
@@ -177,12 +195,28 @@ class Shell:
 
     def decide(self, work: Iterable[Work]) -> Batch:
         """Decide ``work`` into one batch, without committing it."""
+        return self.decide_each(work)[0]
+
+    def decide_each(self, work: Iterable[Work]) -> tuple[Batch, list[Share]]:
+        """Decide ``work`` into one batch, without committing it; and each item's share."""
         self.seen = []  # what the interceptors saw deciding it (kept if it commits)
         self.blobs.pending.clear()  # an aborted batch's blobs never reached the topic
         b = self.batch()
+        fx = b.effects
+        shares = []
         for item in work:
+            # A record is keyed by its run id (`record`); the work items carry it.
+            key = item.key if isinstance(item, LogRecord) else item.run_id.encode()
+            run_id = (key or b"").decode()
+            w = b.runs.get(run_id)
+            before = self.state(run_id) if w is None else w.after.copy()
+            facts, letters, replies = len(fx.facts), len(fx.dead_letters), len(fx.replies)
             self.decider.handle(b, item)
-        return b
+            # Later decisions only append, or roll back to their own mark: this stays.
+            shares.append(
+                Share(fx.facts[facts:], fx.dead_letters[letters:], fx.replies[replies:], before)
+            )
+        return b, shares
 
     def commit(self, b: Batch) -> Batch | None:
         """Commit ``b`` as the shell would; None if dropped. An empty batch is dropped, but
@@ -224,16 +258,99 @@ class Shell:
         return LogRecord("m.commands", p, self.offsets[p], key, self.codec.encode(cmd))
 
     def deliver(self, p: int) -> Delivered:
-        """Consume the next command of partition ``p``."""
+        """Consume the next command of partition ``p``, alone in its batch."""
         cmd, internal = self.queues[p].popleft()
-        return self.consumed(cmd, internal, self.run(self.record(cmd)))
+        b, shares = self.decide_each([self.record(cmd)])
+        return self.consumed(cmd, internal, self.commit(b), shares[0])
+
+    def take(self, order: Iterable[int]) -> list[tuple[Command, bool]]:
+        """What a poll returns: for each partition in ``order``, the next command queued
+        there (the next partition's if none is: each partition's stay in order), till
+        every queue is empty. Each is (command, sent by a run or an entity)."""
+        out = []
+        for p in order:
+            if not self.pending():
+                break
+            while not self.queues[p % self.partitions]:
+                p += 1
+            out.append(self.queues[p % self.partitions].popleft())
+        return out
+
+    def poll(
+        self,
+        cmds: Sequence[tuple[Command, bool]],
+        work: Sequence[Work] = (),
+        redo: bool = False,
+        refused: Collection[int] = (),
+    ) -> Batch | None:
+        """Consume ``cmds`` (each: a command, sent by a run or an entity) and decide them
+        in one batch with the internal ``work`` after them, as the shell's loop decides a
+        poll; commit it once (the batch, or None if dropped). ``redo``: its transaction
+        aborts first, and it is decided again uncached (`Decider.forget`): it must decide
+        the same facts. ``refused``: the indexes in ``cmds`` of commands that must be
+        refused without a trace: the batch decides what it decides without them (by a
+        decider of its own, `reference`), and a dead letter for each."""
+        records = [self.record(cmd) for cmd, _ in cmds]
+        items = [*records, *work]
+        without = [item for i, item in enumerate(items) if i not in refused]
+        ref = self.reference(without) if refused else None
+        b, shares = self.decide_each(items)
+        if redo:
+            self.forget(b.runs)
+            again, shares = self.decide_each(items)
+            assert b.effects.facts == again.effects.facts, (
+                "the redone batch decides other facts than the aborted one:\n"
+                f"  first:  {b.effects.facts}\n  second: {again.effects.facts}"
+            )
+            b = again
+        for rec in records:  # a refused record too: its bytes never block the partition
+            first, last = b.consumed.get(rec.partition, (rec.offset + 1, rec.offset))
+            assert first <= rec.offset <= last, f"record {rec.offset} of {rec.partition} kept"
+        if ref is not None:
+            gone = {(records[i].partition, records[i].offset) for i in refused}
+            assert not (diff := differences(ref, b, gone)), (
+                "the batch decides otherwise with commands in it that it refused:\n"
+                + "\n".join(diff)
+            )
+        done = self.commit(b)
+        for (cmd, internal), share in zip(cmds, shares[: len(cmds)], strict=True):
+            self.consumed(cmd, internal, done, share)
+        return done
+
+    def reference(self, work: Iterable[Work]) -> Batch:
+        """``work`` decided into a batch by a decider of its own (no coroutine cached;
+        none left in this one's cache), to compare: neither committed nor seen."""
+        seen, self.seen = self.seen, []
+        b = self.batch()
+        decider = self._decider()
+        for item in work:
+            decider.handle(b, item)
+        self.seen = seen
+        return b
+
+    def ready(self, jobs: Sequence[StepJob], how: Sequence[str], timers: bool) -> list[Work]:
+        """The internal work a poll decides after its commands: the outcomes (``how``) of
+        the bodies ``jobs`` (no longer waiting in `jobs` then), and with ``timers`` every
+        timer due by `now`, earliest first."""
+        work: list[Work] = []
+        for job, h in zip(jobs, how, strict=True):
+            self.jobs.remove(job)
+            work.append(ended(job, h))
+        if timers:
+            work += self.timers.pop_due(self.now, len(self.timers) + 1)
+        return work
 
     def consumed(
-        self, cmd: Command, internal: bool, batch: Batch | None, again: bool = False
+        self,
+        cmd: Command,
+        internal: bool,
+        batch: Batch | None,
+        share: Share,
+        again: bool = False,
     ) -> Delivered:
         """Log what consuming ``cmd`` did; unless ``again`` (a producer's duplicate), it
         is the `last` command delivered."""
-        done = Delivered(cmd, internal, batch)
+        done = Delivered(cmd, internal, batch, share)
         self.log.append(done)
         if not again:
             self.last = done
@@ -324,6 +441,41 @@ class Shell:
     def forget(self, run_ids: Iterable[str]) -> None:
         """A cache miss: the coroutines of these runs are dropped."""
         self.decider.forget(run_ids)
+
+
+def differences(want: Batch, got: Batch, refused: Collection[tuple[int, int]]) -> list[str]:
+    """What ``got`` decided otherwise than ``want``, the same work less the records at
+    ``refused`` (partition, offset), whose dead letters ``got`` adds: its effects, or
+    the states it leaves."""
+    a, b = want.effects, got.effects
+    out = []
+    letters = [d for d in b.dead_letters if (d.partition, d.offset) not in refused]
+    pairs = [
+        ("facts", a.facts, b.facts),
+        ("commands", a.commands, b.commands),
+        ("replies", a.replies, b.replies),
+        ("steps", a.steps, b.steps),
+        ("tasks", a.tasks, b.tasks),
+        ("dead letters", a.dead_letters, letters),
+    ]
+    for what, x, y in pairs:
+        if x != y:
+            out.append(f"  {what}: without them {x}\n  {' ' * len(what)}  with them    {y}")
+    for run_id, w in sorted(want.runs.items()):  # heartbeats too: they are no facts
+        if w.after != (after := got.runs[run_id].after):
+            out.append(f"  {run_id}, without them / with them: {changed(w.after, after)}")
+    return out
+
+
+def changed(x: Any, y: Any) -> str:
+    """The fields of two states (dataclasses) that differ, each as x's / y's."""
+    if not (is_dataclass(x) and type(x) is type(y)):
+        return f"{x!r} / {y!r}"
+    return ", ".join(
+        f"{f.name} {getattr(x, f.name)!r} / {getattr(y, f.name)!r}"
+        for f in fields(x)
+        if getattr(x, f.name) != getattr(y, f.name)
+    )
 
 
 def padded(value: Any) -> bytes:

@@ -10,8 +10,12 @@ checked), a foreign producer's commands whose payloads are not JSON, pauses and
 unpauses of runs and of a task group on each partition, the commands runs
 send each other (delivered in order per partition, interleaved with the rest), and the
 faults: a restore of a partition by a new owner, a graceful handover, an aborted
-transaction redone, a command delivered twice, a cache miss. After every step, and at a
-quiescent point at the end of each example, it checks the invariants below.
+transaction redone, a command delivered twice, a cache miss. Commands are decided one
+to a batch, or several to one batch as a poll decides them (`CoreModel.poll`: the next
+commands of one to three partitions, then step outcomes and due timers, committed once
+or aborted and redone), among them a foreign producer's oversize command, refused and
+undone in the middle of its batch. After every step, and at a quiescent point at the
+end of each example, it checks the invariants below.
 
 `RUNSTREAM_MODEL_EXAMPLES=100000` runs a long search (see tests/README.md).
 """
@@ -27,6 +31,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import hypothesis.strategies as hs
+import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -40,6 +45,7 @@ from runstream import App, shared
 from runstream.audit import check_run
 from runstream.engine import payload
 from runstream.engine.entities import call_input
+from runstream.engine.limits import Limits
 from runstream.engine.partitioner import task_group_id
 from runstream.engine.reducer import fold
 from runstream.engine.state import LimitState, RunState, Status, TaskGroupState
@@ -96,8 +102,10 @@ from runstream.schemas.records import (
     RunStarted,
     RunUnpaused,
     Signal,
+    SignalReceived,
     StartRun,
     StepCompleted,
+    StepFailed,
     StepStarted,
     Unpause,
     Update,
@@ -374,6 +382,9 @@ WORKFLOWS = (
 HOW = hs.sampled_from(["ok", "retryable", "terminal"])
 NOT_JSON = b"{x"  # a foreign producer's payload that decodes as bytes, not as JSON
 INDEX = hs.integers(0, 1_000)
+#: A payload larger than the largest record a decision may produce (`Limits.record`): a
+#: command that carries it is refused as oversize (`engine.decide`, check 4).
+BIG = b'"' + b"x" * Limits().record + b'"'
 
 
 # -- the invariants --------------------------------------------------------------------
@@ -691,9 +702,10 @@ def update_start_problems(shell: Shell, delivered: Iterable[Delivered]) -> list[
 
 def refused(d: Delivered) -> bool:
     """``d``'s command was refused: a rejected update's reply, a live query's answer
-    with no value, or a dead letter for a reason (not an internal error)."""
+    with no value, or a dead letter for a reason (not an internal error), in its share
+    of its batch (which may have decided other commands and work too)."""
     assert d.batch is not None  # a consumed record is never an empty batch
-    fx = d.batch.effects
+    fx = d.share
     return any(
         (isinstance(a, UpdateReply) and a.stage == UpdateStage.REJECTED)
         or (isinstance(a, QueryAnswer) and a.value is None)
@@ -713,11 +725,11 @@ def odd_problems(
         if id(d.cmd) not in odd:
             continue
         assert d.batch is not None
-        fx, cmd = d.batch.effects, d.cmd
+        fx, cmd, before = d.share, d.cmd, d.share.before  # its run as it was decided
         start = isinstance(cmd, StartRun)
-        duplicate_start = start and shell.run_state(cmd.run_id).exists
+        duplicate_start = start and isinstance(before, RunState) and before.exists
         # A run that ended takes no signal at all, well-formed or not: nothing to refuse.
-        ended_run = isinstance(cmd, Signal) and shell.run_state(cmd.run_id).terminal
+        ended_run = isinstance(cmd, Signal) and isinstance(before, RunState) and before.terminal
         added = [
             describe(f)
             for f in fx.facts
@@ -728,6 +740,58 @@ def odd_problems(
             out.append(
                 f"{cmd.run_id}: the malformed {describe(cmd)} added {added}, internal errors "
                 f"{internal}, replies {fx.replies}, dead letters {fx.dead_letters}"
+            )
+    return out
+
+
+def oversize_problems(
+    shell: Shell, delivered: Iterable[Delivered], big: dict[int, Command]
+) -> list[str]:
+    """A foreign producer's command larger than the largest record (`CoreModel.poll`) is
+    dead-lettered as oversize, never an internal error (its bytes never block the
+    partition), and nothing of it is recorded: no fact in its share of its batch, and
+    none in the journal that names its id."""
+    out = []
+    for d in delivered:
+        if id(d.cmd) not in big:
+            continue
+        cmd, fx = d.cmd, d.share
+        ident = getattr(cmd, "signal_id", None) or getattr(cmd, "update_id", None)
+        ident = ident or getattr(cmd, "event_id", None)
+        named = [
+            describe(f)
+            for f in shell.journal
+            if ident in (getattr(f, a, None) for a in ("signal_id", "update_id", "event_id"))
+        ]
+        codes = [x.code for x in fx.dead_letters]
+        if codes != [Reason.OVERSIZE] or fx.facts or named:
+            out.append(
+                f"{cmd.run_id}: the oversize {describe(cmd)} {ident} was dead-lettered "
+                f"{codes}, added {[describe(f) for f in fx.facts]}; the journal names it in "
+                f"{named}"
+            )
+    return out
+
+
+def heartbeat_problems(shell: Shell, delivered: Iterable[Delivered]) -> list[str]:
+    """A heartbeat of a remote attempt open when it was decided counts while the attempt
+    stays open: its liveness counts from the heartbeat's batch on. (Heartbeats are kept
+    beside the facts: no decision undone later in the batch may lose one.)"""
+    out = []
+    for d in delivered:
+        cmd, before, b = d.cmd, d.share.before, d.batch
+        if not (isinstance(cmd, Heartbeat) and isinstance(before, RunState) and b):
+            continue
+        started, st = before.pending.get(cmd.seq), shell.state(cmd.run_id)
+        if not (isinstance(started, StepStarted) and started.attempt_id == cmd.attempt_id):
+            continue  # late: dropped
+        if not isinstance(st, RunState) or st.pending.get(cmd.seq) != started:
+            continue  # the attempt ended since
+        at = st.beats.get(cmd.seq, (None, None))[0]
+        if at is None or at < b.now:
+            out.append(
+                f"{cmd.run_id}: the heartbeat of step {cmd.seq} ({cmd.attempt_id}) at "
+                f"{b.now} is lost: its attempt's liveness counts from {at}"
             )
     return out
 
@@ -852,6 +916,7 @@ class CoreModel(RuleBasedStateMachine):
         self.updates: list[Update] = []
         self.sent: dict[str, StartRun] = {}  # the entity calls, by run id
         self.odd: dict[int, Command] = {}  # the malformed commands sent (`odd_bytes`), by id()
+        self.big: dict[int, Command] = {}  # the oversize commands polled (`poll`), by id()
         self.logged = 0  # how much of the shell's log of deliveries was checked
         # The model dead-letters many commands on purpose (cancels of unknown runs, late
         # results): keep the engine's warnings out of the captured log (errors stay).
@@ -1123,6 +1188,70 @@ class CoreModel(RuleBasedStateMachine):
                 "which runs on"
             )
 
+    @precondition(lambda self: self.shell.pending())
+    @rule(
+        order=hs.lists(hs.integers(0, 2), min_size=1, max_size=4),
+        outcomes=hs.lists(hs.tuples(INDEX, HOW), max_size=2),
+        seconds=hs.sampled_from([None, None, 0, 1, 2, 6]),
+        big=hs.sampled_from([None, None, "signal", "update", "event"]),
+        at=INDEX,
+        redo=hs.booleans(),
+    )
+    def poll(
+        self,
+        order: list[int],
+        outcomes: list[tuple[int, str]],
+        seconds: int | None,
+        big: str | None,
+        at: int,
+        redo: bool,
+    ) -> None:
+        """A poll: the next commands of one partition or several (``order``: the partition
+        each is taken from; each partition's stay in order) decided in one batch, with the
+        internal work ready after them (the outcomes of some step bodies; with ``seconds``,
+        the clock moves that much and every timer due is taken too), as the shell's loop
+        decides them; committed once, or (``redo``) aborted and decided again uncached
+        (`Shell.poll`). The batch's decisions interact: a start and a signal of one run, an
+        update and a cancel, a command refused and the next one for its run. ``big``: a
+        foreign producer's command larger than the largest record, put at ``at`` among
+        the commands, for a run (or event) they are for: refused as oversize and undone
+        in the middle of the batch (`oversize_problems`), while the decisions around it,
+        of its run too, stand: the batch decides what a decider of its own decides
+        without it (`Shell.poll`), and the interceptors see each start live once
+        (`witness_problems`)."""
+        shell = self.shell
+        cmds = shell.take(order)
+        where = at % (len(cmds) + 1)
+        if big is not None:  # mostly for a run decided before it in the batch
+            runs = [c.run_id for c, _ in cmds[:where] if at % 3] or [c.run_id for c, _ in cmds]
+            cmds.insert(where, (self._big(big, runs, at), False))
+        picked: dict[int, str] = {}  # the bodies that ended, by index in `jobs`: how
+        for i, how in outcomes if shell.jobs else ():
+            picked.setdefault(i % len(shell.jobs), how)
+        jobs = [shell.jobs[i] for i in picked]
+        if seconds is not None:
+            shell.now += seconds * 1000
+        work = shell.ready(jobs, list(picked.values()), timers=seconds is not None)
+        shell.poll(cmds, work, redo, refused=() if big is None else (where,))
+
+    def _big(self, kind: str, runs: list[str], i: int) -> Command:
+        """An oversize command (`BIG`) of ``kind`` for one of ``runs``."""
+        n = len(self.big)
+        target = self._pick(runs, i)
+        cmd: Command
+        match kind:
+            case "signal":
+                cmd = Signal(target, "go", payload=BIG, signal_id=f"big{n}")
+            case "update":
+                cmd = Update(target, "bump", update_id=f"big{n}", arg=BIG, reply_to="model")
+            case _:
+                key = str(i % 2)
+                cmd = PublishEvent(
+                    correlation_id("paid", key), "paid", event_id=f"big{n}", payload=BIG, key=key
+                )
+        self.big[id(cmd)] = cmd
+        return cmd
+
     @precondition(lambda self: self.shell.jobs)
     @rule(i=INDEX, how=HOW)
     def step_outcome(self, i: int, how: str) -> None:
@@ -1179,12 +1308,12 @@ class CoreModel(RuleBasedStateMachine):
         rec = shell.record(cmd)
         first = shell.decide([rec])
         shell.forget(first.runs)
-        second = shell.decide([rec])
+        second, shares = shell.decide_each([rec])
         assert first.effects.facts == second.effects.facts, (
             "the redone decision differs from the aborted one:\n"
             f"  first:  {first.effects.facts}\n  second: {second.effects.facts}"
         )
-        shell.consumed(cmd, internal, shell.commit(second))
+        shell.consumed(cmd, internal, shell.commit(second), shares[0])
 
     @precondition(lambda self: self.shell.jobs)
     @rule(i=INDEX, how=HOW)
@@ -1211,13 +1340,15 @@ class CoreModel(RuleBasedStateMachine):
         are produced in their transactions: never twice.)"""
         shell = self.shell
         assert shell.last is not None
-        cmd, first = shell.last.cmd, shell.last.batch
+        cmd, first = shell.last.cmd, shell.last.share
         if isinstance(cmd, Cancel) and "idless-twice" in EXCLUDE:
             return  # a Cancel carries no id
         facts = len(shell.journal)
-        shell.consumed(cmd, False, shell.run(shell.record(cmd)), again=True)
+        b, shares = shell.decide_each([shell.record(cmd)])
+        shell.consumed(cmd, False, shell.commit(b), shares[0], again=True)
         added = [describe(f) for f in shell.journal[facts:]]
-        had_effect = first is not None and any(f.run_id == cmd.run_id for f in first.effects.facts)
+        # Its own effect: the batch that decided it may have decided other work too.
+        had_effect = any(f.run_id == cmd.run_id for f in first.facts)
         # A refused start (`odd_bytes`) is recorded each time it is refused, as its dead
         # letter is (`engine.decide`: a later valid start may still start the run).
         refused_again = isinstance(cmd, StartRun) and added == ["RunRejected"]
@@ -1256,6 +1387,8 @@ class CoreModel(RuleBasedStateMachine):
         delivered, self.logged = shell.log[self.logged :], len(shell.log)
         assert not (p := update_start_problems(shell, delivered)), told(p)
         assert not (p := odd_problems(shell, delivered, self.odd)), told(p)
+        assert not (p := oversize_problems(shell, delivered, self.big)), told(p)
+        assert not (p := heartbeat_problems(shell, delivered)), told(p)
 
     def teardown(self) -> None:
         # A step or an invariant failed: that is the report. (Hypothesis's own StopTest,
@@ -1303,6 +1436,68 @@ class CoreModel(RuleBasedStateMachine):
         assert not (p := compensation_order_problems(shell, shell.by_run, at_rest=True)), told(p)
         assert not (p := entity_problems(shell)), told(p)
         assert not (p := reader_problems(shell)), told(p)
+
+
+# -- regressions found by the model ----------------------------------------------------
+
+
+def test_a_run_started_in_a_poll_starts_live_once_around_a_refused_command_of_it() -> None:
+    """One batch decides a run's start, an oversize signal for it (refused: the decision
+    undone, the run's cached coroutine dropped), then a signal for it: the run's code
+    replays its start there, which an interceptor must see as a replay (`Working.seen`),
+    and the signal after the refused one is received."""
+    shell = Shell(app.registry)
+    WITNESS.shell = shell
+    try:
+        cmds: list[Command] = [
+            StartRun("r0", "waiter", input=payload.dumps(1)),
+            Signal("r0", "go", payload=BIG, signal_id="big0"),
+            Signal("r0", "go", payload=payload.dumps("sig"), signal_id="s1"),
+        ]
+        shell.poll([(cmd, False) for cmd in cmds], refused=[1])
+        oversize = shell.log[1].share
+        assert [x.code for x in oversize.dead_letters] == [Reason.OVERSIZE]
+        assert not oversize.facts
+        assert not witness_problems(shell), told(witness_problems(shell))
+        assert ("r0", "execute", 1) in shell.settled
+        assert [f.signal_id for f in shell.facts("r0") if isinstance(f, SignalReceived)] == ["s1"]
+        assert not audit_problems(shell, shell.by_run) and not fold_problems(shell, shell.by_run)
+    finally:
+        WITNESS.shell = None
+
+
+@pytest.mark.parametrize("refused", ["oversize", "unknown-promise"])
+def test_a_heartbeat_stands_when_a_later_decision_of_its_run_in_the_batch_is_undone(
+    refused: str,
+) -> None:
+    """One batch decides a heartbeat of a run's remote attempt, then a command for the
+    run that is refused (an oversize signal; a completion of a promise the run does not
+    have): its decision is undone, the run's working copy rebuilt from its facts. The
+    heartbeat is no fact, but it must stand: the attempt's liveness counts from it, and
+    2 s later, 3 s short of its 5 s heartbeat interval, it has not timed out. (Found by
+    the model: `Decider._undo` rebuilt the working copy from the committed state and the
+    batch's facts, and so dropped the heartbeats the batch had decided before.)"""
+    shell = Shell(app.registry)
+    shell.send(StartRun("r0", "saga", input=payload.dumps(1)))
+    shell.deliver(shell.partition("r0"))
+    shell.outcome(shell.jobs[0], "ok")
+    shell.now += 2_000
+    shell.fire_due()  # the sleep ends: the remote step's attempt is sent
+    task = shell.tasks[-1]
+    shell.now += 4_000  # 1 s short of its heartbeat interval
+    beat = Heartbeat("r0", task.seq, attempt_id=task.attempt_id, details=b'"beat"')
+    cmd: Command = (
+        Signal("r0", "go", payload=BIG, signal_id="big0")
+        if refused == "oversize"
+        else CompletePromise("r0", promise_id("r0", 1), value=b"1")
+    )
+    shell.poll([(beat, False), (cmd, False)])
+    assert [x.code for x in shell.log[-1].share.dead_letters] == [Reason(refused)]
+    assert not (p := heartbeat_problems(shell, shell.log)), told(p)
+    shell.now += 2_000
+    shell.fire_due()
+    failed = [f.error for f in shell.facts("r0") if isinstance(f, StepFailed)]
+    assert failed == [], f"the attempt timed out 2 s after its heartbeat: {failed}"
 
 
 class Progress:

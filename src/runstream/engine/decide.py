@@ -37,7 +37,7 @@ from runstream.engine.rules.blobs import over_budget
 from runstream.engine.rules.children import tell_refused_parent
 from runstream.engine.rules.core import emit
 from runstream.engine.rules.runs import run_info
-from runstream.engine.state import RunState, RunView, State
+from runstream.engine.state import Beat, RunState, RunView, State, beats_of
 from runstream.engine.work import Batch, Forward, LogRecord, Waiter, Work
 from runstream.engine.workflow import Registry
 from runstream.errors import BlobUnavailable, DecodeError, SchemaError
@@ -215,7 +215,7 @@ class Decider:
     ) -> None:
         """Run one decision; if it refuses or fails, undo its effects and dead-letter it."""
         st = b.state(p, run_id)
-        mark = b.effects.mark()
+        mark, beats = b.effects.mark(), dict(beats_of(st))
         size = (st.facts, st.history_bytes) if isinstance(st, RunState) else None
         try:
             self._encoded(b, st, decision)
@@ -223,7 +223,7 @@ class Decider:
                 self._history_warning(b, st, *size)
         except Rejected as exc:
             if not exc.keep:
-                st = self._undo(b, run_id, mark)
+                st = self._undo(b, run_id, mark, beats)
             reason = self.limits.clip(exc.reason)
             self._dead_letter(b, cause, exc.code, reason, run_id, p)
             if isinstance(cmd, StartRun) and isinstance(st, RunState) and not st.exists:
@@ -235,7 +235,7 @@ class Decider:
                 tell_refused_parent(b, cmd, self.limits.clip(f"{exc.code}: {reason}"))
         except Exception as exc:  # a bug must not block the partition: set the cause aside
             log.exception("decision failed for run %s", run_id)
-            self._undo(b, run_id, mark)
+            self._undo(b, run_id, mark, beats)
             reason = self.limits.clip(f"internal error: {exc!r}")
             self._dead_letter(b, cause, Reason.INTERNAL, reason, run_id, p)
 
@@ -283,11 +283,14 @@ class Decider:
         if kept is not None:
             raise kept
 
-    def _undo(self, b: Batch, run_id: str, mark: tuple[int, ...]) -> State:
+    def _undo(self, b: Batch, run_id: str, mark: tuple[int, ...], beats: dict[int, Beat]) -> State:
         """Drop the effects since ``mark``, and rebuild the working copy of the run and of
         any entity the decision wrote to (a task group's: `rules.taskgroups`) from its
-        committed state and its facts before the mark (no copy on the happy path)."""
+        committed state and its facts before the mark (no copy on the happy path). The
+        run's heartbeats are no facts: they are put back as they were before the
+        decision (``beats``), the batch's earlier ones with them."""
         touched = {run_id} | {f.run_id for f in b.effects.facts[mark[0] :]}
+        kept = {key: dict(beats_of(b.runs[key].after)) for key in touched} | {run_id: beats}
         b.effects.rollback(mark)
         self.rules.replayer.forget([run_id])  # its coroutine may be ahead now
         for key in touched:
@@ -296,6 +299,8 @@ class Decider:
             for fact in b.effects.facts:
                 if fact.run_id == key:
                     apply(w.after, fact)
+            if isinstance(w.after, RunState):
+                w.after.beats = kept[key]
         w = b.runs[run_id]
         w.seen = w.after.copy()  # what the batch's earlier activations ran: a replay now
         return w.after
