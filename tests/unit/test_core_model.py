@@ -3,19 +3,21 @@
 
 Hypothesis drives starts, signals, events, cancels, retries, timer fires, local step
 outcomes, remote results and heartbeats (in order, late, duplicated), completions of
-durable promises (known and unknown, once or again), validated updates (accepted,
-rejected by their validator or for want of a handler, once or again; with a start or
-not; with a reply_to or from a foreign producer with none), live queries (their answers
-checked), a foreign producer's commands whose payloads are not JSON, pauses and
-unpauses of runs and of a task group on each partition, the commands runs
-send each other (delivered in order per partition, interleaved with the rest), and the
-faults: a restore of a partition by a new owner, a graceful handover, an aborted
-transaction redone, a command delivered twice, a cache miss. Commands are decided one
-to a batch, or several to one batch as a poll decides them (`CoreModel.poll`: the next
-commands of one to three partitions, then step outcomes and due timers, committed once
-or aborted and redone), among them a foreign producer's oversize command, refused and
-undone in the middle of its batch. After every step, and at a quiescent point at the
-end of each example, it checks the invariants below.
+durable promises (known and unknown, once or again; a workflow's or an update
+handler's), validated updates (accepted, rejected by their validator or for want of a
+handler, once or again; with a start or not; with a reply_to or from a foreign producer
+with none; while the workflow's code waits on a step, a signal or a durable promise, its
+handlers awaiting steps and promises of their own), live queries (their answers
+checked), a foreign producer's commands whose payloads are not JSON, pauses and unpauses
+of runs and of a task group on each partition, the commands runs send each other
+(delivered in order per partition, interleaved with the rest), and the faults: a restore
+of a partition by a new owner, a graceful handover, an aborted transaction redone, a
+command delivered twice, a cache miss. Commands are decided one to a batch, or several
+to one batch as a poll decides them (`CoreModel.poll`: the next commands of one to three
+partitions, then step outcomes and due timers, committed once or aborted and redone),
+among them a foreign producer's oversize command, refused and undone in the middle of
+its batch. After every step, and at a quiescent point at the end of each example, it
+checks the invariants below.
 
 `RUNSTREAM_MODEL_EXAMPLES=100000` runs a long search (see tests/README.md).
 """
@@ -110,6 +112,7 @@ from runstream.schemas.records import (
     Unpause,
     Update,
     UpdateAccepted,
+    UpdateCode,
     UpdateCompleted,
     UpdateReply,
     UpdateStage,
@@ -119,6 +122,7 @@ from runstream.schemas.records import (
     entity_workflow,
     promise_id,
     task_group_of,
+    update_seq,
 )
 
 from .modeldriver import Delivered, Shell, describe, ended, without_beats
@@ -335,6 +339,47 @@ async def updatable(ctx: Any, n: int) -> int:
     return total[0]
 
 
+@app.workflow(timeout="60s")
+async def awaiting(ctx: Any, n: int) -> list[Any]:
+    """Takes updates "bump" (a validator refuses a negative one) while its code awaits a
+    durable promise (an await takes no seq, but it is a point where handlers are anchored
+    and run, `UpdateHandlers.point`), with a timeout (odd ``n``) or none (the run's
+    timeout ends it); then runs a step with a compensation, awaits the promise again (a
+    point with no wait) and returns both outcomes and its total: ``n`` plus every
+    accepted update's argument. A handler adds to the total, then (a bump by 0 or 2)
+    creates a promise of its own (a bump by 2: with a timeout), awaits a step with a
+    compensation, then (a bump by 0 or 2) its promise: its result is the step's output,
+    or it and the promise's outcome (`update_result_problems`)."""
+    total = [n]
+    ctx.query_handler("total")(lambda: total[0])
+
+    async def bump(k: int) -> Any:
+        total[0] += k
+        mine = ctx.promise(timeout="10s" if k else None) if k % 2 == 0 else None
+        out = int(await ctx.step(work, k, compensate=undo))
+        return out if mine is None else [out, await outcome(mine)]
+
+    def non_negative(k: int) -> None:
+        if k < 0:
+            raise ValueError("negative")
+
+    ctx.update_handler("bump", bump, validator=non_negative)
+    p = ctx.promise(timeout="20s" if n % 2 else None)
+    got = await outcome(p)
+    await ctx.step(work, total[0], compensate=undo)
+    return [got, await outcome(p), total[0]]
+
+
+async def outcome(p: Any) -> Any:
+    """What awaiting promise ``p`` gives, as `promise_outcome` reads it from its fact."""
+    try:
+        return await p
+    except PromiseRejected as exc:
+        return f"rejected: {exc.message}"
+    except PromiseTimeout:
+        return "timed out"
+
+
 @app.entity("tally")
 class Tally:
     """A durable entity: each exclusive call adds its argument (through a step, then a
@@ -377,8 +422,10 @@ async def reader(ctx: Any, n: int) -> list[int]:
 ENGINE_LOG = logging.getLogger("runstream.engine")
 WORKFLOWS = (
     "saga", "waiter", "chain", "keyed", "parent", "promised", "published", "updatable", "caller",
-    "reader",
+    "reader", "awaiting",
 )  # fmt: skip
+#: The workflows that take updates "bump" (and answer the live query "total").
+UPDATABLE = ("updatable", "awaiting")
 HOW = hs.sampled_from(["ok", "retryable", "terminal"])
 NOT_JSON = b"{x"  # a foreign producer's payload that decodes as bytes, not as JSON
 INDEX = hs.integers(0, 1_000)
@@ -622,21 +669,32 @@ def promise_problems(shell: Shell, runs: Iterable[str]) -> list[str]:
         if len({f.seq for f in done}) != len(done):
             out.append(f"{run_id}: a promise completed twice: {done}")
         st = shell.state(run_id)
-        if not (isinstance(st, RunState) and st.workflow == "promised" and st.output):
+        if not (isinstance(st, RunState) and st.status == "completed" and st.output):
             continue
-        if st.continued_as is None and done:
-            f = done[0]
-            one = "timed out" if f.timed_out else shell.value(f.value)
-            one = f"rejected: {f.error}" if f.error is not None and not f.timed_out else one
+        if st.workflow == "promised" and st.continued_as is None and done:
+            one = promise_outcome(shell, done[0])
             if shell.value(st.output) != [one, one]:
                 out.append(f"{run_id}: returned {shell.value(st.output)}, its promise {one!r}")
+        if st.workflow == "awaiting":
+            ones = [promise_outcome(shell, f) for f in done if f.seq == 1]
+            if shell.value(st.output)[:2] != ones * 2:
+                out.append(f"{run_id}: returned {shell.value(st.output)}, its promise {ones}")
     return out
+
+
+def promise_outcome(shell: Shell, f: PromiseCompleted) -> Any:
+    """What an await of the promise ``f`` completes gives, as the model's workflows
+    record it (`outcome`)."""
+    if f.timed_out:
+        return "timed out"
+    return f"rejected: {f.error}" if f.error is not None else shell.value(f.value)
 
 
 def update_problems(shell: Shell, runs: Iterable[str], at_rest: bool = False) -> list[str]:
     """An update is accepted once and completed once, after its acceptance; a completed
-    ``updatable`` run's output counts every accepted update once; at rest no update of
-    a run that ended, or of one whose handlers' steps all ran, is left in flight."""
+    ``updatable`` or ``awaiting`` run's output (its total) counts every accepted update
+    once; at rest no update of a run that ended, or of one whose handlers' steps all
+    ran, is left in flight."""
     out = []
     for run_id in sorted(runs):
         facts = shell.facts(run_id)
@@ -655,10 +713,56 @@ def update_problems(shell: Shell, runs: Iterable[str], at_rest: bool = False) ->
                 f"{run_id} ({st.status}): updates in flight at rest: {set(ids) - set(completed)}"
             )
         ended = st.status == "completed" and st.output and not st.continued_as
-        if st.workflow == "updatable" and ended:
+        if st.workflow in UPDATABLE and ended:
             want = shell.value(st.input) + sum(shell.value(f.arg) for f in accepted)
-            if shell.value(st.output) != want:
-                out.append(f"{run_id}: returned {shell.value(st.output)}, want {want}")
+            got = shell.value(st.output)
+            if (got if st.workflow == "updatable" else got[-1]) != want:
+                out.append(f"{run_id}: returned {got}, want {want}")
+    return out
+
+
+def update_result_problems(shell: Shell, runs: Iterable[str]) -> list[str]:
+    """Each update an ``updatable`` or ``awaiting`` run completed has its handler's
+    result, however its handler's runs interleaved with replays (cache misses, restores,
+    redone transactions): its step's output (the update's argument), and for an
+    ``awaiting`` run's bump by 0 or 2 the outcome of the handler's own promise (the
+    handler's first seq), which completed; or an error: the run ended with it in flight
+    (an end follows it in the journal), or the handler's step failed for good."""
+    out = []
+    for run_id in sorted(runs):
+        st = shell.state(run_id)
+        if not (isinstance(st, RunState) and st.workflow in UPDATABLE):
+            continue
+        facts = shell.facts(run_id)
+        accepted = {f.update_id: f for f in facts if isinstance(f, UpdateAccepted)}
+        for i, f in enumerate(facts):
+            if not (isinstance(f, UpdateCompleted) and f.update_id in accepted):
+                continue
+            a = accepted[f.update_id]
+            k, first = shell.value(a.arg), update_seq(a.index, 1)
+            mine = st.workflow == "awaiting" and k % 2 == 0
+            handler = range(first, update_seq(a.index, 3 if mine else 2))
+            if f.error is None:
+                done = [
+                    promise_outcome(shell, p)
+                    for p in facts
+                    if isinstance(p, PromiseCompleted) and p.seq == first
+                ]
+                want = [k, *done] if mine else k
+                if shell.value(f.output) != want or (mine and len(done) != 1):
+                    out.append(f"{run_id}: update {f.update_id} ({k}) gave {f.output!r}")
+                continue
+            ends = (RunCompleted, RunFailed, RunCancelled, RunDead)
+            failed = [
+                p
+                for p in facts
+                if isinstance(p, StepFailed) and p.seq in handler and p.retry_at_ms is None
+            ]
+            if not (
+                (f.code == UpdateCode.RUN_ENDED and any(isinstance(e, ends) for e in facts[i:]))
+                or (f.code == UpdateCode.HANDLER_FAILED and failed)
+            ):
+                out.append(f"{run_id}: update {f.update_id} ({k}) failed: {f.code} {f.error}")
     return out
 
 
@@ -678,7 +782,11 @@ def published_done(shell: Shell, run_id: str) -> list[Any]:
 
 #: The query handlers the model checks, by workflow: their name and the answer the run's
 #: journal implies.
-QUERIES = {"updatable": ("total", updates_total), "published": ("done", published_done)}
+QUERIES = {
+    "updatable": ("total", updates_total),
+    "awaiting": ("total", updates_total),
+    "published": ("done", published_done),
+}
 
 
 def update_start_problems(shell: Shell, delivered: Iterable[Delivered]) -> list[str]:
@@ -823,7 +931,8 @@ def compensation_order_problems(
     are in the journal (the undo of step ``s`` is step ``-s``), an update handler's step
     (whose seq is above every workflow step's) too; at rest, a run that compensated
     undid each step it completed with a compensation (a ``saga``'s or an ``updatable``
-    run's first step, and an ``updatable`` run's handlers' steps)."""
+    run's first step, an ``awaiting`` run's step (seq 2, after its promise), and an
+    ``updatable`` or ``awaiting`` run's handlers' steps)."""
     out = []
     for run_id in sorted(runs):
         facts = shell.facts(run_id)
@@ -836,13 +945,17 @@ def compensation_order_problems(
             )
         st = shell.state(run_id)
         compensated = any(isinstance(f, CompensationStarted) for f in facts)
-        undoing = isinstance(st, RunState) and st.workflow in ("saga", "updatable")
-        if not (at_rest and compensated and undoing):
+        first = UNDONE.get(st.workflow) if isinstance(st, RunState) else None
+        if not (at_rest and compensated and first):
             continue
-        undoable = [s for s in completed if s == 1 or s >= UPDATE_SEQ_BASE]
+        undoable = [s for s in completed if s == first or s >= UPDATE_SEQ_BASE]
         if missed := [s for s in undoable if s not in undone]:
             out.append(f"{run_id}: compensated, never undid steps {missed}")
     return out
+
+
+#: The seq of the workflow step with a compensation, by workflow.
+UNDONE = {"saga": 1, "updatable": 1, "awaiting": 2}
 
 
 def paused_groups(shell: Shell) -> list[str]:
@@ -931,8 +1044,26 @@ class CoreModel(RuleBasedStateMachine):
 
     def _updatable(self) -> list[str]:
         return [
-            r for r in self._known() if getattr(self.shell.state(r), "workflow", "") == "updatable"
+            r for r in self._known() if getattr(self.shell.state(r), "workflow", "") in UPDATABLE
         ]
+
+    def _promising(self) -> list[str]:
+        """The runs with a promise open, else those that created one."""
+        created = [r for r in self._known() if self._promises(r)]
+        return [r for r in created if self._promises(r, open_only=True)] or created
+
+    def _promises(self, run_id: str, open_only: bool = False) -> list[int]:
+        """The seqs of the promises ``run_id`` created (its workflow's or its handlers'),
+        in order; ``open_only``: not completed yet."""
+        facts = self.shell.facts(run_id)
+        done = {f.seq for f in facts if isinstance(f, PromiseCompleted)} if open_only else set()
+        return sorted({f.seq for f in facts if isinstance(f, PromiseCreated)} - done)
+
+    def _promise(self, target: str, back: int) -> str:
+        """The id of one of ``target``'s promises: of those open (else of all it
+        created), the newest but ``back``; or of seq 1 (a run that created none)."""
+        seqs = self._promises(target, open_only=True) or self._promises(target)
+        return promise_id(target, seqs[-1 - back % len(seqs)] if seqs else 1)
 
     @initialize(
         starts=hs.lists(hs.tuples(hs.sampled_from(WORKFLOWS), hs.integers(0, 5)), max_size=3)
@@ -1036,23 +1167,26 @@ class CoreModel(RuleBasedStateMachine):
         self.shell.send(cmd)
 
     @precondition(lambda self: self.started)
-    @rule(i=INDEX, reject=hs.booleans(), again=hs.booleans(), anyone=hs.booleans())
-    def complete_promise(self, i: int, reject: bool, again: bool, anyone: bool) -> None:
-        """A resolve or a reject of a run's promise, or one sent before, again: mostly
-        for a run that created one, else (``anyone``) for any run (seq 1 of another
-        workflow is no promise)."""
+    @rule(
+        i=INDEX,
+        reject=hs.booleans(),
+        again=hs.booleans(),
+        anyone=hs.booleans(),
+        back=hs.integers(0, 2),
+    )
+    def complete_promise(self, i: int, reject: bool, again: bool, anyone: bool, back: int) -> None:
+        """A resolve or a reject of a run's promise (its workflow's or an update
+        handler's: the newest but ``back``, `_promise`), or one sent before, again:
+        mostly for a run with a promise open (else one that created one, `_promising`),
+        else (``anyone``) for any run (seq 1 of another workflow is no promise)."""
         if again and self.completions:
             self.shell.send(self._pick(self.completions, i))
             return
-        promising = [
-            r
-            for r in self._known()
-            if any(isinstance(f, PromiseCreated) for f in self.shell.facts(r))
-        ]
+        promising = self._promising()
         target = self._pick(promising if promising and not anyone else self._known(), i)
         n = len(self.completions)
         value, error = (None, f"no {n}") if reject else (payload.dumps(n), None)
-        cmd = CompletePromise(target, promise_id(target, 1), value=value, error=error)
+        cmd = CompletePromise(target, self._promise(target, back), value=value, error=error)
         self.completions.append(cmd)
         self.shell.send(cmd)
 
@@ -1060,9 +1194,9 @@ class CoreModel(RuleBasedStateMachine):
     @rule(i=INDEX, anyone=hs.booleans())
     def live_query(self, i: int, anyone: bool) -> None:
         """A live query, answered at once (it waits in no queue here), of an ``updatable``
-        run, else (``anyone``) of any run: it adds no fact, a run that exists is found,
-        and the answer of a query handler is what the run's journal says the workflow's
-        variable is (`QUERIES`)."""
+        or ``awaiting`` run, else (``anyone``) of any run: it adds no fact, a run that
+        exists is found, and the answer of a query handler is what the run's journal says
+        the workflow's variable is (`QUERIES`)."""
         shell, updatable = self.shell, self._updatable()
         target = self._pick(updatable if updatable and not anyone else self._known(), i)
         st = shell.state(target)
@@ -1094,11 +1228,12 @@ class CoreModel(RuleBasedStateMachine):
         self, i: int, k: int, again: bool, anyone: bool, with_start: bool, foreign: bool
     ) -> None:
         """An update "bump" (a negative one is rejected by its validator), or one sent
-        before, again: mostly for an ``updatable`` run, else (``anyone``) for any run (no
-        such handler, or no such run). ``with_start``: an update-with-start of an
-        ``updatable`` run, of a new run id when ``anyone`` and there is room (it counts
-        among the runs started). A ``foreign`` producer names no reply_to: a refusal is
-        a dead letter (`update_start_problems`: never one that undoes the start)."""
+        before, again: mostly for an ``updatable`` or ``awaiting`` run, else (``anyone``)
+        for any run (no such handler, or no such run). ``with_start``: an
+        update-with-start of an ``updatable`` or ``awaiting`` run, of a new run id when
+        ``anyone`` and there is room (it counts among the runs started). A ``foreign``
+        producer names no reply_to: a refusal is a dead letter (`update_start_problems`:
+        never one that undoes the start)."""
         if again and self.updates:
             self.shell.send(self._pick(self.updates, i))
             return
@@ -1115,7 +1250,7 @@ class CoreModel(RuleBasedStateMachine):
             update_id=uid,
             arg=payload.dumps(k),
             reply_to=None if foreign else "model",
-            start_workflow="updatable" if with_start else None,
+            start_workflow=UPDATABLE[i // 6 % 2] if with_start else None,
             start_input=payload.dumps(i % 6) if with_start else None,
         )
         self.updates.append(cmd)
@@ -1144,13 +1279,8 @@ class CoreModel(RuleBasedStateMachine):
                 reply_to = None if foreign else "model"
                 cmd = Update(target, "bump", update_id=f"o{n}", arg=NOT_JSON, reply_to=reply_to)
             case "promise":
-                promising = [
-                    r
-                    for r in self._known()
-                    if any(isinstance(f, PromiseCreated) for f in self.shell.facts(r))
-                ]
-                target = self._pick(promising or [target], i)
-                cmd = CompletePromise(target, promise_id(target, 1), value=NOT_JSON)
+                target = self._pick(self._promising() or [target], i)
+                cmd = CompletePromise(target, self._promise(target, 0), value=NOT_JSON)
             case "query":
                 cmd = LiveQuery(target, f"o{n}", reply_to="model", name="total", arg=NOT_JSON)
             case "signal":  # waited for or buffered: refused either way, never recorded
@@ -1381,6 +1511,7 @@ class CoreModel(RuleBasedStateMachine):
         assert not (p := promise_problems(shell, runs)), told(p)
         assert not (p := witness_problems(shell)), told(p)
         assert not (p := update_problems(shell, runs)), told(p)
+        assert not (p := update_result_problems(shell, runs)), told(p)
         assert not (p := group_pause_problems(shell)), told(p)
         assert not (p := paused_update_problems(shell, runs)), told(p)
         assert not (p := compensation_order_problems(shell, runs)), told(p)
